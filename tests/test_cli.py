@@ -1,0 +1,115 @@
+"""The `course` command: listing, running a unit (success and a failing cell), bad arguments, doctor."""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.cli import main, load_units, find_unit, Unit, keep_checked_outputs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def course(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())", *args],
+                          capture_output=True, text=True, env=env or os.environ.copy(), cwd=cwd or ROOT, timeout=600)
+
+
+def make_project(tmp: Path, cells_b: list[str]) -> Path:
+    "A tiny course: one unit with notebooks a (records a figure) and b (given cells)."
+    (tmp / "nbs").mkdir(); (tmp / "units" / "07_tiny").mkdir(parents=True)
+    def nb(path, cells):
+        n = nbformat.v4.new_notebook()
+        n.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+        p = nbformat.v4.new_code_cell("steps = 1000"); p.metadata["tags"] = ["parameters"]
+        n.cells = [p] + [nbformat.v4.new_code_cell(c) for c in cells]
+        nbformat.write(n, path)
+    nb(tmp / "nbs" / "a.ipynb", ["from course_lib.core import record\nrecord('steps_seen', steps)"])
+    nb(tmp / "nbs" / "b.ipynb", cells_b)
+    (tmp / "units" / "07_tiny" / "unit.toml").write_text(
+        '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb", "b.ipynb"]\n[profiles.quick]\nsteps = 3\nunused = 1\n[profiles.full]\nsteps = 30\n')
+    return tmp
+
+
+def test_list_shows_units_and_notebooks():
+    r = course("list")
+    assert r.returncode == 0, r.stderr
+    for u in load_units(ROOT):
+        assert u.slug in r.stdout
+        for nb in u.notebooks: assert nb.name in r.stdout
+
+
+def test_unknown_unit_exits_2_with_valid_list():
+    r = course("run", "no-such-unit")
+    assert r.returncode == 2
+    assert "unknown unit 'no-such-unit'" in r.stderr and "ddpm" in r.stderr and "all" in r.stderr
+
+
+def test_unknown_profile_exits_2():
+    r = course("run", "start", "--profile", "medium")
+    assert r.returncode == 2 and "invalid choice: 'medium'" in r.stderr and "quick" in r.stderr
+
+
+def test_no_command_and_unknown_command_exit_2():
+    assert course().returncode == 2
+    r = course("frobnicate")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_find_unit_by_slug_number_and_folder():
+    units = load_units(ROOT)
+    assert find_unit("start", units).number == 0
+    assert find_unit("0", units).slug == find_unit("00_start", units).slug == "start"
+    with pytest.raises(KeyError, match="valid units"): find_unit("nope", units)
+
+
+def test_doctor():
+    r = course("doctor")
+    assert r.returncode == 0, r.stderr
+    for key in ["torch", "device", "cache_dir", "network"]: assert key in r.stdout
+
+
+def test_run_writes_results_and_injects_profile(tmp_path):
+    proj = make_project(tmp_path / "proj", ["x = steps * 2\nassert x == 6, x"])
+    env = dict(os.environ, COURSE_LIB_ROOT=str(proj))
+    out = tmp_path / "out"
+    r = course("run", "tiny", "--profile", "quick", "--out", str(out), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res == {"a": {"steps_seen": 3}}
+    assert (out / "07_tiny" / "a.ipynb").is_file() and (out / "07_tiny" / "b.ipynb").is_file()
+    assert "steps_seen" in r.stdout and "[2/2]" in r.stdout
+    times = json.loads((out / "timings.json").read_text())
+    assert times["a"]["status"] == "ok" and times["a"]["params"] == {"steps": 3}
+
+
+def test_run_stops_on_failing_cell_and_keeps_results(tmp_path):
+    proj = make_project(tmp_path / "proj", ["y = 1", "raise ValueError('boom in b')", "z = 2"])
+    env = dict(os.environ, COURSE_LIB_ROOT=str(proj))
+    out = tmp_path / "out"
+    r = course("run", "7", "--out", str(out), env=env)
+    assert r.returncode == 1
+    assert "FAILED: 07_tiny/b.ipynb, cell 2: ValueError: boom in b" in r.stdout
+    assert json.loads((out / "results.json").read_text()) == {"a": {"steps_seen": 3}}
+    assert (out / "07_tiny" / "b.ipynb").is_file()   # the executed notebook with its traceback
+
+
+def test_bad_unit_toml_is_reported(tmp_path):
+    proj = make_project(tmp_path / "proj", ["pass"])
+    (proj / "units" / "07_tiny" / "unit.toml").write_text('[unit]\nnotebooks = ["missing.ipynb"]\n')
+    r = course("list", env=dict(os.environ, COURSE_LIB_ROOT=str(proj)))
+    assert r.returncode == 2 and "missing.ipynb" in r.stderr
+
+
+def test_keep_checked_outputs_strips_images():
+    nb = nbformat.v4.new_notebook()
+    checked = nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(1)")
+    checked.outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n"),
+                       nbformat.v4.new_output("display_data", data={"image/png": "AAAA", "text/plain": "<Figure>"})]
+    plain = nbformat.v4.new_code_cell("2")
+    plain.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=3)]
+    nb.cells = [checked, plain]
+    keep_checked_outputs(nb)
+    assert [o.output_type for o in nb.cells[0].outputs] == ["stream", "display_data"]
+    assert set(nb.cells[0].outputs[1].data) == {"text/plain"}
+    assert nb.cells[1].outputs == []
