@@ -17,7 +17,7 @@ def course(*args, env=None, cwd=None):
 
 def make_project(tmp: Path, cells_b: list[str]) -> Path:
     "A tiny course: one unit with notebooks a (records a figure) and b (given cells)."
-    (tmp / "nbs").mkdir(); (tmp / "units" / "07_tiny").mkdir(parents=True)
+    (tmp / "nbs").mkdir(parents=True); (tmp / "units" / "07_tiny").mkdir(parents=True)
     def nb(path, cells):
         n = nbformat.v4.new_notebook()
         n.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
