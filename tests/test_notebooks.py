@@ -14,7 +14,9 @@ from course_lib.cli import load_units, drop_flagged_cells, SKIP_FLAGS, notebook_
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = load_units(ROOT)
 CASES = [(u, nb) for u in UNITS for nb in u.notebooks]
-TIMEOUT = int(os.environ.get("COURSE_LIB_NB_TIMEOUT", "900"))
+# The quick-profile budget is 2 minutes a notebook on 2 idle cores; the limit here is looser (CI machines are
+# shared and two notebooks run at once) so that only a notebook far over budget fails.
+BUDGET = int(os.environ.get("COURSE_LIB_NB_BUDGET", "360"))
 
 
 def quick_copy(unit, nb_path: Path, dest: Path) -> Path:
@@ -41,13 +43,23 @@ def test_notebook_runs_quick(unit, nb, tmp_path):
     env = dict(os.environ, COURSE_LIB_NOTEBOOK=nb.stem, COURSE_LIB_RESULTS=str(tmp_path / "results.json"),
                COURSE_LIB_ARTIFACTS=str(tmp_path / "artifacts"), PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--nbval-lax",
-           "--nbval-current-env", f"--nbval-cell-timeout={TIMEOUT}", str(copy)]
-    r = subprocess.run(cmd, env=env, cwd=str(nb.parent), capture_output=True, text=True, timeout=TIMEOUT + 120)
+           "--nbval-current-env", f"--nbval-cell-timeout={BUDGET}", str(copy)]
+    try:
+        r = subprocess.run(cmd, env=env, cwd=str(nb.parent), capture_output=True, text=True, timeout=BUDGET)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"notebook {unit.name}/{nb.name} exceeds the quick-profile time budget: still running after "
+                    f"{BUDGET} s (budget: 2 minutes on 2 cores). Lower its values in [profiles.quick] of "
+                    f"units/{unit.name}/unit.toml, then time it with `course run {unit.slug} --profile quick`.",
+                    pytrace=False)
     if r.returncode != 0:
-        pytest.fail(f"notebook {unit.name}/{nb.name} failed under the quick profile: a cell raised or a checked "
-                    f"output (# NBVAL_CHECK_OUTPUT) changed. Reproduce with `course run {unit.slug} --profile quick`; "
-                    f"if a checked output changed on purpose, refresh it with `course freeze nbs/{nb.name}`.\n"
-                    + r.stdout[-6000:] + r.stderr[-2000:], pytrace=False)
+        out = r.stdout + r.stderr
+        if "Cell outputs differ" in out and "Notebook cell execution failed" not in out:
+            why = (f"a checked output (# NBVAL_CHECK_OUTPUT) of {nb.name} no longer matches the committed one. If the "
+                   f"change is intended, store the new output with `course freeze nbs/{nb.name}` and commit it")
+        else:
+            why = (f"a cell of {nb.name} raised under the quick profile. Reproduce with "
+                   f"`course run {unit.slug} --profile quick` and read the executed notebook under runs/")
+        pytest.fail(f"notebook {unit.name}/{nb.name} failed: {why}.\n" + out[-6000:], pytrace=False)
 
 
 def test_every_notebook_is_in_a_unit():
