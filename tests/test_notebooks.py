@@ -9,10 +9,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.cli import load_units, drop_flagged_cells, SKIP_FLAGS, notebook_parameters
+from course_lib.cli import load_unit, drop_flagged_cells, SKIP_FLAGS, notebook_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
-UNITS = load_units(ROOT)
+UNITS, BROKEN = [], []
+for _p in sorted((ROOT / "units").iterdir()):
+    if not (_p / "unit.toml").is_file(): continue
+    try: UNITS.append(load_unit(_p, ROOT / "nbs"))
+    except ValueError as e: BROKEN.append((_p.name, str(e)))   # reported by test_unit_files_valid
 CASES = [(u, nb) for u in UNITS for nb in u.notebooks]
 # The quick-profile budget is 2 minutes a notebook on 2 idle cores; the limit here is looser (CI machines are
 # shared and two notebooks run at once) so that only a notebook far over budget fails.
@@ -71,3 +75,9 @@ def test_every_notebook_is_in_a_unit():
     nbs = {p.resolve() for p in (ROOT / "nbs").glob("*.ipynb") if p.name != "index.ipynb"}
     missing = sorted(p.name for p in nbs - listed)
     assert not missing, f"notebooks not listed in any units/*/unit.toml (so never tested): {missing}"
+
+
+@pytest.mark.parametrize("name", [b[0] for b in BROKEN] or ["(all units)"])
+def test_unit_files_valid(name):
+    errors = [msg for n, msg in BROKEN if n == name]
+    assert not errors, errors[0]
