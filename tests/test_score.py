@@ -1,0 +1,290 @@
+"""Unit 2 (course_lib.score): each from-scratch piece against a closed form, with the tolerance stated."""
+import math
+
+import pytest
+import torch
+
+from course_lib.score import (GaussianMixture, LangevinDivergedError, ScheduleVPSDE, ScoreMLP, ToyScoreConfig, VESDE,
+                              VPSDE, NCSNConfig, annealed_langevin, bits_per_dim, component_weights, ddpm_score_fn,
+                              ddpm_vs_sde_step, dequantize, dsm_loss, energy_distance, euler_maruyama_sampler,
+                              geometric_sigmas, langevin, make_mixture, mixture_score_fn, ode_likelihood, ode_sampler,
+                              pc_sampler, sample_report, score_error, sliced_wasserstein, ssm_loss, toy_data)
+from course_lib.score import _bc, _discretized_gaussian_nll
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------- the mixture and its score
+
+@pytest.mark.parametrize("sigma,a", [(0.0, 1.0), (0.3, 1.0), (0.6, 0.8)])
+def test_mixture_score_is_gradient_of_log_prob(sigma, a):
+    gmm = make_mixture("four")
+    x = torch.randn(128, 2, generator=gen(), dtype=torch.float64) * 3
+    xr = x.clone().requires_grad_(True)
+    auto = torch.autograd.grad(gmm.log_prob(xr, sigma, a).sum(), xr)[0]
+    assert torch.allclose(gmm.score(x, sigma, a), auto, atol=1e-10)        # closed form == autograd, 1e-10
+
+
+def test_mixture_log_prob_normalised():
+    gmm = make_mixture("four")
+    u = torch.linspace(-7, 7, 561, dtype=torch.float64)
+    X, Y = torch.meshgrid(u, u, indexing="xy")
+    p = gmm.log_prob(torch.stack([X.ravel(), Y.ravel()], 1), 0.2).exp()
+    assert abs(float(p.sum() * (u[1] - u[0]) ** 2) - 1) < 1e-3              # integrates to 1 within 0.1%
+
+
+def test_mixture_bad_input():
+    with pytest.raises(ValueError, match="sum to 1"): GaussianMixture([[0.0, 0.0], [1.0, 1.0]], 0.5, [0.5, 0.6])
+    with pytest.raises(ValueError, match="positive"): GaussianMixture([[0.0, 0.0]], -1.0, [1.0])
+    with pytest.raises(ValueError, match="unknown"): make_mixture("five")
+    with pytest.raises(ValueError, match="unknown"): toy_data("spiral", 10)
+
+
+def test_component_weights_and_distances():
+    gmm = make_mixture("four")
+    x = gmm.sample(20000, gen())
+    assert (component_weights(x, gmm) - gmm.weights).abs().max() < 0.015  # sampling noise at n=20000: < 1.5 points
+    a, b = gmm.sample(500, gen(1)), gmm.sample(500, gen(2))
+    assert energy_distance(a, a) == pytest.approx(0.0, abs=1e-9)
+    assert energy_distance(a + 1.0, b) > 10 * energy_distance(a, b)
+    assert sliced_wasserstein(a, a) == pytest.approx(0.0, abs=1e-9)
+    # a shift by c along every axis moves every 1-D projection by c (v . 1) with |v| = 1: SW between 0 and c sqrt(2)
+    assert 0.3 < sliced_wasserstein(a + 1.0, a) < math.sqrt(2) + 1e-6
+    with pytest.raises(ValueError): sliced_wasserstein(a, b[:10])
+
+
+# ---------------------------------------------------------------- score matching losses
+
+def test_dsm_loss_closed_form():
+    # x0 ~ N(0, s^2 I) in D dims, exact score of p_sigma: -x / (s^2 + sigma^2); then
+    # E[0.5 ||sigma score + z||^2] = 0.5 D s^2 / (s^2 + sigma^2).  Monte Carlo, 2% tolerance.
+    s, sigma, D, n = 0.7, 0.5, 3, 200_000
+    torch.manual_seed(0)
+    x0 = s * torch.randn(n, D, dtype=torch.float64)
+    exact = lambda x, sig: -x / (s**2 + _bc(sig, x) ** 2)
+    sig = torch.full((n,), sigma, dtype=torch.float64)
+    for anti in (False, True):
+        val = float(dsm_loss(exact, x0, sig, antithetic=anti))
+        assert val == pytest.approx(0.5 * D * s**2 / (s**2 + sigma**2), rel=0.02)
+    # any other score costs more
+    assert float(dsm_loss(lambda x, sg: 1.2 * exact(x, sg), x0, sig)) > float(dsm_loss(exact, x0, sig))
+    with pytest.raises(ValueError): dsm_loss(exact, x0, sig[:3])
+
+
+@pytest.mark.parametrize("vr", [True, False])
+def test_ssm_loss_linear_score(vr):
+    # s(x) = -A x on N(0, I): E[v^T J v + 0.5 (v^T s)^2] = -tr A + 0.5 ||A||_F^2 (2% tolerance, 200k samples)
+    A = torch.tensor([[1.5, 0.3], [0.3, 0.7]], dtype=torch.float64)
+    torch.manual_seed(0)
+    x = torch.randn(200_000, 2, dtype=torch.float64)
+    est = float(ssm_loss(lambda y, sig: -y @ A.T, x, None, variance_reduction=vr))
+    assert est == pytest.approx(float(-A.trace() + 0.5 * (A**2).sum()), rel=0.02)
+
+
+def test_score_error_and_model_shapes():
+    gmm = make_mixture("four")
+    x = gmm.sample(1000, gen())
+    assert score_error(lambda y, s: gmm.score(y, 0.1), lambda y: gmm.score(y, 0.1), x, 0.1) == pytest.approx(0.0, abs=1e-6)
+    assert score_error(lambda y, s: torch.zeros_like(y), lambda y: gmm.score(y, 0.1), x, 0.1) == pytest.approx(1.0)
+    m = ScoreMLP(2, 32, 2)
+    assert m(x[:5], torch.full((5,), 0.3)).shape == (5, 2)
+    with pytest.raises(ValueError, match="sigma_min"): ToyScoreConfig(sigma_min=1.0, sigma_max=0.5)
+    with pytest.raises(ValueError, match="loss"): ToyScoreConfig(loss="mle")
+    with pytest.raises(ValueError, match="sigma_min"): NCSNConfig(sigma_min=0.0)
+
+
+# ---------------------------------------------------------------- Langevin
+
+def test_langevin_gaussian_stationary():
+    # exact score of N(1, 0.5^2): stationary mean 1, variance 0.25 (1 + O(step)); 5% tolerance on the variance
+    x = langevin(lambda y: -(y - 1.0) / 0.25, torch.zeros(20000, 1, dtype=torch.float64), step_size=0.005, n_steps=800,
+                 generator=gen())
+    assert float(x.mean()) == pytest.approx(1.0, abs=0.02)
+    assert float(x.var()) == pytest.approx(0.25, rel=0.05)
+
+
+def test_langevin_divergence_detected():
+    narrow = GaussianMixture([[0.0, 0.0]], 0.1, [1.0])
+    with pytest.raises(LangevinDivergedError, match=r"step_size=0\.1\b"):
+        langevin(narrow.score, torch.zeros(4, 2), step_size=1.0, n_steps=500)
+    with pytest.raises(FloatingPointError, match="smaller|too large"):
+        annealed_langevin(lambda y, s: -y / 1e-4, torch.ones(4, 2), [1.0, 0.5], n_steps_each=200, step_lr=10.0)
+    with pytest.raises(ValueError): langevin(narrow.score, torch.zeros(4, 2), step_size=-1.0, n_steps=5)
+
+
+def test_annealed_langevin_mixture_weights():
+    gmm = make_mixture("four")
+    sig = geometric_sigmas(5.0, 0.05, 8)
+    x = annealed_langevin(lambda y, s: gmm.score(y, s), sig[0] * torch.randn(1500, 2, generator=gen(), dtype=torch.float64),
+                          sig, 25, step_lr=5e-4, generator=gen(1))
+    assert (component_weights(x, gmm) - gmm.weights).abs().max() < 0.05    # within 5 points of the true weights
+
+
+def test_noise_level_validation():
+    with pytest.raises(ValueError, match="decreasing"): annealed_langevin(lambda y, s: y, torch.zeros(2, 2), [0.1, 1.0])
+    with pytest.raises(ValueError, match="sigma_min"): geometric_sigmas(1.0, 1.0, 5)
+    g = geometric_sigmas(10.0, 0.01, 4)
+    assert torch.allclose(g, torch.tensor([10.0, 1.0, 0.1, 0.01]), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- SDEs
+
+def test_sde_parameters_validated():
+    with pytest.raises(ValueError, match="sigma_min < sigma_max"): VESDE(sigma_min=1.0, sigma_max=1.0)
+    with pytest.raises(ValueError, match="sigma_min < sigma_max"): VESDE(sigma_min=2.0, sigma_max=1.0)
+    with pytest.raises(ValueError, match="beta_min <= beta_max"): VPSDE(beta_min=20.0, beta_max=0.1)
+    with pytest.raises(ValueError, match="beta_min"): VPSDE(beta_min=0.0)
+    with pytest.raises(ValueError, match="N"): VPSDE(N=0)
+    with pytest.raises(ValueError, match="N"): VPSDE(beta_max=20.0, N=10)
+    with pytest.raises(ValueError, match="decreasing"): ScheduleVPSDE(torch.tensor([0.5, 0.9]))
+
+
+def test_vpsde_marginals_and_ddpm_discretisation():
+    sde = VPSDE(0.1, 20.0, N=1000)
+    t = torch.tensor([0.0, 0.3, 1.0], dtype=torch.float64)
+    x = torch.ones(3, 2, dtype=torch.float64)
+    mean, std = sde.marginal_prob(x, t)
+    lm = -0.25 * t**2 * 19.9 - 0.5 * t * 0.1                                  # score_sde_pytorch's log_mean_coeff
+    assert torch.allclose(mean[:, 0], lm.exp()) and torch.allclose(std, (1 - (2 * lm).exp()).sqrt())
+    # discretize == DDPM's linear 1e-4 ... 0.02 chain
+    assert torch.allclose(sde.discrete_betas, torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64))
+    f, G = sde.discretize(x, torch.full((3,), 999 / 999, dtype=torch.float64))
+    assert torch.allclose(G, torch.full((3,), 0.02 ** 0.5, dtype=torch.float64))
+    assert torch.allclose(f, ((1 - 0.02) ** 0.5 - 1) * x)
+
+
+def test_vesde_marginals_and_ncsn_discretisation():
+    sde = VESDE(0.01, 50.0, N=10)
+    x = torch.zeros(2, 3)
+    _, std = sde.marginal_prob(x, torch.tensor([0.0, 1.0]))
+    assert torch.allclose(std, torch.tensor([0.01, 50.0]))
+    drift, diffusion = sde.sde(x, torch.tensor([0.5, 0.5]))
+    assert torch.allclose(diffusion**2, (sde.sigma(torch.tensor(0.5)) ** 2 * 2 * math.log(5000)).expand(2))
+    i = 4
+    _, G = sde.discretize(x, torch.full((2,), i / 9))
+    s = sde.discrete_sigmas
+    assert torch.allclose(G**2, (s[i] ** 2 - s[i - 1] ** 2).expand(2), rtol=1e-5)   # NCSN: sigma_i^2 - sigma_{i-1}^2
+
+
+def test_schedule_vpsde_matches_ddpm():
+    betas = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64)
+    ab = torch.cumprod(1 - betas, 0)
+    sde = ScheduleVPSDE(ab)
+    i = torch.tensor([0, 99, 500, 999])
+    assert torch.allclose(sde.alpha_bar((i + 1).double() / 1000), ab[i], rtol=1e-9)        # exact at the grid times
+    t = torch.linspace(0.01, 1, 40, dtype=torch.float64)
+    vp = VPSDE(0.1, 20.0)
+    assert ((1 - sde.alpha_bar(t)).sqrt() - (1 - vp.alpha_bar(t)).sqrt()).abs().max() < 0.01
+    # the sub-grid discretisation is DDPM's chain with alpha = alpha_bar_t / alpha_bar_{t - 1/M}
+    sub = ScheduleVPSDE(ab, M=10)
+    x = torch.ones(1, 1, dtype=torch.float64)
+    f, G = sub.discretize(x, torch.tensor([0.5], dtype=torch.float64))
+    alpha = ab[499] / ab[399]
+    assert torch.allclose(G**2, (1 - alpha).reshape(1)) and torch.allclose(f, (alpha.sqrt() - 1) * x)
+
+
+def test_ddpm_score_fn_conversions():
+    class Fake:                                     # a "UNet" that returns a fixed tensor
+        def __init__(self, out): self.out = out
+        def __call__(self, x, t):
+            return type("O", (), {"sample": self.out})()
+    ab = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)
+    sde = ScheduleVPSDE(ab)
+    x = torch.randn(2, 1, 4, 4, generator=gen())
+    eps = torch.randn(2, 1, 4, 4, generator=gen(1))
+    t = torch.tensor([0.3, 0.7])
+    a = _bc(sde.alpha_bar(t).float(), x)
+    expected = -eps / (1 - a).sqrt()
+    assert torch.allclose(ddpm_score_fn(Fake(eps), sde, "epsilon")(x, t), expected, atol=1e-5)
+    # v = sqrt(ab) eps - sqrt(1 - ab) x0 with x = sqrt(ab) x0 + sqrt(1 - ab) eps
+    x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
+    v = a.sqrt() * eps - (1 - a).sqrt() * x0
+    assert torch.allclose(ddpm_score_fn(Fake(v), sde, "v_prediction")(x, t), expected, atol=1e-4)
+    with pytest.raises(ValueError): ddpm_score_fn(Fake(v), sde, "sample")
+
+
+def test_ddpm_step_is_first_order_vp_step():
+    ab = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)
+    sde = ScheduleVPSDE(ab)
+    x = torch.randn(8, 3, generator=gen(), dtype=torch.float64)
+    eps = torch.randn(8, 3, generator=gen(1), dtype=torch.float64)
+    for t in [0.1, 0.5, 0.9]:
+        r = ddpm_vs_sde_step(eps, x, sde, t)
+        upd = (r["ddpm"][0] - x).norm()
+        one_minus_alpha = 1 - float(sde.alpha_bar(t) / sde.alpha_bar(t - 1e-3))
+        assert (r["ddpm"][0] - r["reverse_diffusion"][0]).norm() < 5 * one_minus_alpha * upd   # O((1-alpha)^2) vs O(1-alpha)
+        assert (r["ddpm"][0] - r["euler_maruyama"][0]).norm() < 5 * one_minus_alpha * upd
+
+
+# ---------------------------------------------------------------- samplers and likelihood
+
+def test_samplers_mixture_weights():
+    gmm = make_mixture("four")
+    vp = VPSDE(0.1, 20.0, N=100)
+    sfn = mixture_score_fn(gmm, vp)
+    x_ode, nfe = ode_sampler(vp, sfn, (800, 2), rtol=1e-4, atol=1e-4, generator=gen(), dtype=torch.float64)
+    assert (component_weights(x_ode, gmm) - gmm.weights).abs().max() < 0.05          # within 5 points
+    assert nfe > 10
+    x_em = euler_maruyama_sampler(vp, sfn, (800, 2), generator=gen(1), dtype=torch.float64)
+    assert (component_weights(x_em, gmm) - gmm.weights).abs().max() < 0.05
+    x_pc = pc_sampler(vp, sfn, (800, 2), generator=gen(2), dtype=torch.float64)
+    assert (component_weights(x_pc, gmm) - gmm.weights).abs().max() < 0.05
+    with pytest.raises(ValueError, match="N="): pc_sampler(vp, sfn, (8, 2), n_steps=50)
+
+
+@pytest.mark.parametrize("trace,noise", [("exact", "gaussian"), ("hutchinson", "rademacher")])
+def test_ode_likelihood_identity_score(trace, noise):
+    # data N(0, I): under VP every p_t is N(0, I), score(x, t) = -x. The ODE NLL must equal the Gaussian's (1%).
+    x = torch.randn(32, 4, generator=gen(), dtype=torch.float64)
+    nll, z, _ = ode_likelihood(VPSDE(), lambda y, t: -y, x, trace=trace, noise=noise, dtype=torch.float64, generator=gen(1))
+    exact = 0.5 * 4 * math.log(2 * math.pi) + 0.5 * x.pow(2).sum(1)
+    assert abs(float(nll.mean() / exact.mean()) - 1) < 0.01
+    assert torch.allclose(nll, exact, rtol=1e-3)
+
+
+def test_ode_likelihood_ve_gaussian_and_hutchinson():
+    # data N(0, I) under VE: p_t = N(0, (1 + sigma(t)^2) I), a non-trivial flow; analytic value within 1%
+    sde = VESDE(0.01, 50.0)
+    x = torch.randn(64, 3, generator=gen(), dtype=torch.float64)
+    sfn = lambda y, t: -y / _bc(1 + sde.sigma(t) ** 2, y)
+    var = 1 + 0.01**2
+    exact = 0.5 * 3 * math.log(2 * math.pi * var) + x.pow(2).sum(1) / (2 * var)
+    for trace, noise in [("exact", "gaussian"), ("hutchinson", "rademacher")]:
+        nll, _, _ = ode_likelihood(sde, sfn, x, trace=trace, noise=noise, dtype=torch.float64, generator=gen(2))
+        assert abs(float(nll.mean() / exact.mean()) - 1) < 0.01, (trace, noise)
+    # Gaussian probes are unbiased but noisy here (the divergence integral is 11.7 nats times ||v||^2 / 3):
+    # 256 points x 32 probes give a standard error of about 2.5% of the mean NLL; allow 4 standard errors
+    x = torch.randn(256, 3, generator=gen(3), dtype=torch.float64)
+    exact = 0.5 * 3 * math.log(2 * math.pi * var) + x.pow(2).sum(1) / (2 * var)
+    nll, _, _ = ode_likelihood(sde, sfn, x, noise="gaussian", n_probes=32, rtol=1e-4, atol=1e-4, dtype=torch.float64, generator=gen(4))
+    assert abs(float(nll.mean() / exact.mean()) - 1) < 0.1
+
+
+def test_ode_likelihood_mixture_exact_score():
+    gmm = make_mixture("four")
+    vp = VPSDE()
+    x = gmm.sample(64, gen()).double()
+    nll, _, _ = ode_likelihood(vp, mixture_score_fn(gmm, vp), x, trace="exact", rtol=1e-6, atol=1e-6, dtype=torch.float64)
+    assert float(nll.mean()) == pytest.approx(float(-gmm.log_prob(x).mean()), rel=0.01)
+
+
+def test_bits_and_dequantisation():
+    x = torch.tensor([[0, 255, 128]], dtype=torch.uint8)
+    d = dequantize(x.repeat(1000, 1), gen())
+    assert d.min() >= -1 and d.max() <= 1
+    assert ((d + 1) * 128).floor().to(torch.uint8).equal(x.repeat(1000, 1))   # each value stays in its own bin
+    with pytest.raises(TypeError): dequantize(d)
+    assert float(bits_per_dim(torch.tensor([64 * math.log(2)]), 64, offset=0.0)) == pytest.approx(1.0)
+    # the discretised decoder is a distribution over the 256 levels
+    levels = torch.arange(256, dtype=torch.float64) / 127.5 - 1
+    p = (-_discretized_gaussian_nll(levels.reshape(256, 1), torch.full((256, 1), 0.1, dtype=torch.float64), 0.05)).exp()
+    assert float(p.sum()) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_sample_report_baseline():
+    gmm = make_mixture("four")
+    r = sample_report(gmm.sample(500, gen(5)), gmm, n_ref=3)
+    assert r["energy_ratio"] < 3 and r["max_weight_error"] < 6       # true samples sit at the sampling-noise level
+    with pytest.raises(ValueError): sample_report(torch.full((10, 2), float("nan")), gmm)
