@@ -17,7 +17,7 @@ from .core import cache_dir, get_device, load_checkpoint, save_checkpoint, seed_
 from .data import Digits, to_uint8
 
 # %% auto #0
-__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION', 'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset', 'ema_update', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'SAMPLERS', 'StepOutput', 'AncestralSampler', 'sample', 'make_scheduler']
+__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION', 'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset', 'ema_update', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'SAMPLERS', 'StepOutput', 'AncestralSampler', 'sample', 'make_scheduler', 'sampler_table', 'format_table']
 
 # %% ../nbs/10_forward_process.ipynb #c496e861
 BETA_SCHEDULES = ("linear", "cosine", "sigmoid")
@@ -141,12 +141,12 @@ def check_prediction_type(prediction_type: str) -> str:
         raise ValueError(f"unknown prediction_type {prediction_type!r}; choose one of {list(PREDICTION_TYPES)}")
     return prediction_type
 
-# %% ../nbs/11_ddpm_training.ipynb #d5ea70e8
+# %% ../nbs/11_ddpm_training.ipynb #7e0b2414
 import copy
 from torch import nn
 from .core import atomic_write
 
-# %% ../nbs/11_ddpm_training.ipynb #27a568b8
+# %% ../nbs/11_ddpm_training.ipynb #eabed9ae
 def diffusion_target(schedule: NoiseSchedule, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor,
                      prediction_type: str = "epsilon") -> torch.Tensor:
     "The regression target for `prediction_type`: `eps` itself, or v = sqrt(ab) eps - sqrt(1 - ab) x0. Shapes `(B, C, H, W)`."
@@ -164,7 +164,7 @@ def diffusion_loss(model: nn.Module, schedule: NoiseSchedule, x0: torch.Tensor, 
     out = model(xt, t, class_labels=class_labels).sample
     return F.mse_loss(out.float(), diffusion_target(schedule, x0, eps, t, prediction_type))
 
-# %% ../nbs/11_ddpm_training.ipynb #4d526156
+# %% ../nbs/11_ddpm_training.ipynb #1c554e0c
 MIXED_PRECISION = ("auto", "no", "fp16", "bf16")
 
 @dataclass
@@ -274,7 +274,7 @@ def make_unet(config: DDPMConfig) -> "UNet2DModel":
                        attention_head_dim=8, norm_num_groups=config.norm_num_groups,
                        num_class_embeds=config.num_classes)
 
-# %% ../nbs/11_ddpm_training.ipynb #d4288ee9
+# %% ../nbs/11_ddpm_training.ipynb #10b0e35a
 class CheckpointMismatch(ValueError):
     "A checkpoint was written for another network architecture than the one requested."
 
@@ -445,10 +445,11 @@ def train_ddpm(config: DDPMConfig | None = None, dataset=None, checkpoint_dir: s
     raw = acc.unwrap_model(model).eval()
     ema.eval()
     ema.history = {"loss": losses, "seconds": secs, "images_per_second": n_img / secs if secs > 0 else float("nan")}
-    ema.raw_model, ema.ddpm_config = raw, cfg
+    object.__setattr__(ema, "raw_model", raw)      # a plain attribute, not a submodule (keeps state_dict clean)
+    ema.ddpm_config = cfg
     return ema
 
-# %% ../nbs/11_ddpm_training.ipynb #b9182e61
+# %% ../nbs/11_ddpm_training.ipynb #fefc1a32
 def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=None, progress: bool = True,
                          retrain: bool = False) -> nn.Module:
     """The trained DDPM (EMA weights, `diffusers.UNet2DModel` in eval mode on `device`) for `config`
@@ -467,7 +468,7 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
             state, meta = load_checkpoint(final)
             torch.manual_seed(0)
             model = make_unet(cfg)
-            model.load_state_dict(state["ema"])
+            model.load_state_dict({k: v for k, v in state["ema"].items() if not k.startswith("raw_model.")})
             model.history = {"loss": list(state["losses"]), "seconds": float(meta.get("seconds", "nan")),
                              "images_per_second": float(meta.get("images_per_second", "nan"))}
         else:
@@ -481,11 +482,11 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
     model.ddpm_config = cfg
     return model.to(get_device(device)).eval()
 
-# %% ../nbs/13_sampling.ipynb #e1cc36e9
-import inspect
+# %% ../nbs/13_sampling.ipynb #de80ae11
+import inspect, time
 from tqdm.auto import tqdm
 
-# %% ../nbs/13_sampling.ipynb #e488e34c
+# %% ../nbs/13_sampling.ipynb #ad808b74
 @dataclass
 class StepOutput:
     "What `AncestralSampler.step` returns, as diffusers' `DDPMSchedulerOutput`: x_{t-1} and the estimate of x0, `(B, C, H, W)`."
@@ -508,7 +509,9 @@ class AncestralSampler:
         if timestep_spacing not in ("leading", "trailing", "linspace"):
             raise ValueError(f"unknown timestep_spacing {timestep_spacing!r}; choose 'leading', 'trailing' or 'linspace'")
         self.clip_sample, self.clip_sample_range, self.timestep_spacing = clip_sample, clip_sample_range, timestep_spacing
-        self.alphas_cumprod = schedule.alpha_bar.float()            # diffusers' name for alpha_bar
+        # alpha_bar in float32, accumulated in float32 as diffusers does (so that trajectories agree to 1e-5)
+        self.alphas_cumprod = torch.cumprod(1.0 - schedule.betas.float(), 0)
+        self.one = torch.tensor(1.0)
         self.set_timesteps(schedule.num_train_timesteps)
 
     def set_timesteps(self, num_inference_steps: int, device=None) -> None:
@@ -536,8 +539,8 @@ class AncestralSampler:
         `variance_noise`: the z to use (default: drawn from `generator` like diffusers' `randn_tensor`)."""
         t = int(timestep)
         prev_t = self.previous_timestep(t)
-        alpha_bar_t = self.schedule.alpha_bar[t].item()
-        alpha_bar_prev = self.schedule.alpha_bar[prev_t].item() if prev_t >= 0 else 1.0
+        alpha_bar_t = self.alphas_cumprod[t]
+        alpha_bar_prev = self.alphas_cumprod[prev_t] if prev_t >= 0 else self.one
         alpha_t = alpha_bar_t / alpha_bar_prev                   # alpha between t and t' (= alpha_t for one step)
         beta_t = 1 - alpha_t
         xt = sample
@@ -547,9 +550,9 @@ class AncestralSampler:
             x0 = alpha_bar_t ** 0.5 * xt - (1 - alpha_bar_t) ** 0.5 * model_output
         if self.clip_sample: x0 = x0.clamp(-self.clip_sample_range, self.clip_sample_range)
         # posterior mean (eq. 7): sqrt(ab_prev) beta / (1 - ab) x0 + sqrt(alpha) (1 - ab_prev) / (1 - ab) x_t
-        mean = (alpha_bar_prev ** 0.5 * beta_t / (1 - alpha_bar_t)) * x0 + (alpha_t ** 0.5 * (1 - alpha_bar_prev) / (1 - alpha_bar_t)) * xt
+        mean = (alpha_bar_prev ** 0.5 * beta_t) / (1 - alpha_bar_t) * x0 + alpha_t ** 0.5 * (1 - alpha_bar_prev) / (1 - alpha_bar_t) * xt
         if t > 0:
-            var = max((1 - alpha_bar_prev) / (1 - alpha_bar_t) * beta_t, 1e-20)    # tilde beta_t
+            var = ((1 - alpha_bar_prev) / (1 - alpha_bar_t) * beta_t).clamp(min=1e-20)    # tilde beta_t
             if variance_noise is None:
                 gdev = generator.device if generator is not None else model_output.device
                 variance_noise = torch.randn(model_output.shape, generator=generator, device=gdev,
@@ -558,7 +561,7 @@ class AncestralSampler:
         out = StepOutput(prev_sample=mean, pred_original_sample=x0)
         return out if return_dict else (out.prev_sample, out.pred_original_sample)
 
-# %% ../nbs/13_sampling.ipynb #2bc5ef02
+# %% ../nbs/13_sampling.ipynb #52759a80
 @torch.no_grad()
 def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50, generator: torch.Generator | None = None,
            class_labels: torch.Tensor | int | Sequence[int] | None = None, eta: float | None = None,
@@ -606,7 +609,7 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50, g
     xs = torch.cat(outs)
     return to_uint8(xs), xs
 
-# %% ../nbs/13_sampling.ipynb #34e58d82
+# %% ../nbs/13_sampling.ipynb #d98d35c2
 SAMPLERS = ("ancestral", "ddpm", "ddim", "dpm++")
 
 def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: bool = True, **kw):
@@ -632,3 +635,41 @@ def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: boo
         return schedule.to_diffusers(DPMSolverMultistepScheduler, prediction_type=cfg.prediction_type,
                                      algorithm_type="dpmsolver++", solver_order=2, **{**rec, **kw})
     raise ValueError(f"unknown sampler {kind!r}; choose one of {list(SAMPLERS)}")
+
+# %% ../nbs/13_sampling.ipynb #4bdef94d
+def sampler_table(model: nn.Module, config: DDPMConfig, runs: Sequence[tuple], n: int = 512, seed: int = 0,
+                  judge: Callable[[torch.Tensor], dict] | None = None,
+                  metrics: dict[str, Callable[[torch.Tensor], float]] | None = None,
+                  batch_size: int = 512, progress: bool = False) -> list[dict]:
+    """Sample `n` images per run and measure them. `runs`: `(label, kind, num_inference_steps, options)` tuples,
+    `kind` as in `make_scheduler` and `options` a dict with `eta` (passed to `sample`) and/or scheduler keywords
+    (e.g. `{'recommended': False}`). Every run starts from the same noise (`seed`).
+
+    `judge`: a function of uint8 images returning `judge_samples`' dict (default `judge_samples`);
+    `metrics`: extra columns, name -> function of the uint8 images `(n, C, H, W)` returning a float (unit 3: FID).
+    Returns one dict per run: `sampler`, `nfe`, `seconds`, `s_per_image`, `confident_rate`, `min_share`,
+    `max_share`, then the metric columns."""
+    if judge is None:
+        from course_lib.classifier import judge_samples as judge
+    rows = []
+    for label, kind, steps, opts in runs:
+        opts = dict(opts or {})
+        eta = opts.pop("eta", None)
+        sch = make_scheduler(kind, config, **opts)
+        t0 = time.time()
+        u8, _ = sample(model, sch, n, steps, generator=torch.Generator().manual_seed(seed), eta=eta,
+                       batch_size=batch_size, progress=progress)
+        secs = time.time() - t0
+        j = judge(u8)
+        row = {"sampler": label, "nfe": steps, "seconds": secs, "s_per_image": secs / n,
+               "confident_rate": j["confident_rate"], "min_share": min(j["class_shares"]), "max_share": max(j["class_shares"])}
+        for name, fn in (metrics or {}).items(): row[name] = float(fn(u8))
+        rows.append(row)
+    return rows
+
+def format_table(rows: list[dict]) -> str:
+    "A markdown table of `sampler_table` rows (any extra columns are shown too)."
+    cols = list(rows[0])
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
+                     ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows])
