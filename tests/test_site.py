@@ -1,0 +1,332 @@
+"""The course website: `course site` builds it offline, and headless Chromium checks it as a reader sees it.
+
+The build here uses the quick profile and unit 0 only (to stay fast); set COURSE_LIB_SITE=DIR to run the same
+checks against a site built beforehand (for example `course site --profile full --out DIR`, all units).
+Browser tests need Chromium (Debian's `chromium`, or COURSE_LIB_CHROMIUM=path) and the `playwright` package;
+without them they skip and say why. Screenshots go to test-artifacts/."""
+import html.parser, http.server, json, os, posixpath, re, shutil, subprocess, sys, tempfile, threading
+from functools import partial
+from pathlib import Path
+from urllib.parse import urlsplit, unquote
+
+import pytest
+from filelock import FileLock
+
+from course_lib.cli import load_units, find_unit
+from course_lib.site import find_executed, library_modules, rewrite_links, executed_matches, lesson_notebook, site_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-quic"]
+
+
+# ---------------------------------------------------------------- building (shared by the xdist workers)
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """(site folder, executed-notebooks folder, units in the site). Built once per test run, whichever worker
+    gets here first (a file lock in the run's shared temporary folder)."""
+    pytest.importorskip("myst_nb", reason="the site needs Sphinx and myst-nb: pip install -e '.[dev]'")
+    units = load_units(ROOT)
+    if os.environ.get("COURSE_LIB_SITE"):
+        d = Path(os.environ["COURSE_LIB_SITE"])
+        return (d, Path(os.environ.get("COURSE_LIB_SITE_EXECUTED", ROOT / "runs" / "site-quick")),
+                [u for u in units if (d / "units" / u.name / "index.html").is_file()])
+    shared = tmp_path_factory.getbasetemp().parent / "course-site"
+    shared.mkdir(exist_ok=True)
+    out, executed, log = shared / "site", shared / "executed", shared / "build.log"
+    with FileLock(str(shared / "lock")):
+        if not (shared / "done").is_file():
+            cmd = [sys.executable, "-c", "import sys; from course_lib.site import site_main; sys.exit(site_main(sys.argv[1:]))",
+                   "--profile", "quick", "--units", "start", "--out", str(out), "--executed", str(executed)]
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                               env=dict(os.environ, COURSE_LIB_ROOT=str(ROOT)))
+            log.write_text(f"exit {r.returncode}\n{r.stdout}\n{r.stderr}")
+            (shared / "done").write_text(str(r.returncode))
+    rc, text = (shared / "done").read_text(), log.read_text()
+    assert rc == "0", f"`course site --profile quick --units start` failed:\n{text[-6000:]}"
+    return out, executed, [find_unit("start", units)]
+
+
+def _pages(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
+
+
+def _lessons(site_dir: Path, units):
+    return [(u, nb, site_dir / "units" / u.name / f"{nb.stem}.html") for u in units for nb in u.notebooks]
+
+
+class _Refs(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__(); self.links, self.images, self.ids = [], [], set()
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"): self.ids.add(a["id"])
+        if tag == "a" and a.get("href"): self.links.append(a["href"])
+        if tag == "img" and a.get("src"): self.images.append(a["src"])
+        if tag in ("link", "script") and (a.get("href") or a.get("src")): self.images.append(a.get("href") or a.get("src"))
+
+
+def _parse(p: Path) -> _Refs:
+    r = _Refs(); r.feed(p.read_text(errors="replace")); return r
+
+
+def _local(page: Path, ref: str, site_dir: Path):
+    "(target file, fragment) of a local reference, or None for an external one."
+    u = urlsplit(ref)
+    if u.scheme or u.netloc or ref.startswith("data:") or ref.startswith("javascript:"): return None
+    path = unquote(u.path)
+    target = page if not path else (site_dir / path.lstrip("/") if path.startswith("/") else page.parent / path)
+    if target.is_dir(): target = target / "index.html"
+    return target.resolve(), u.fragment
+
+
+# ---------------------------------------------------------------- what the build wrote (no browser)
+
+def test_site_has_every_page(site):
+    d, _, units = site
+    for p in ["index.html", "contributing.html", "api/index.html", *[f"api/{m}.html" for m in library_modules(ROOT)]]:
+        assert (d / p).is_file(), f"the site has no {p}"
+    for u in units:
+        assert (d / "units" / u.name / "index.html").is_file(), f"no landing page for unit {u.name}"
+    for u, nb, page in _lessons(d, units):
+        assert page.is_file(), f"no page for lesson {nb.name}"
+
+
+def test_home_page_lists_units_with_times(site):
+    d, _, units = site
+    text = (d / "index.html").read_text()
+    assert "A Jupyter-first course" in text
+    for u in load_units(ROOT):
+        assert re.search(rf"<td><p>{u.number}</p></td>\s*<td><p>.*?{re.escape(u.title)}", text, re.S), f"unit {u.number} missing from the table"
+    assert re.search(r"quick \d+(\.\d)? (s|min)", text), "no measured time in the unit table"
+    assert 'href="units/00_start/index.html"' in text
+
+
+def test_lessons_have_colab_links(site):
+    d, _, units = site
+    cfg = site_settings(ROOT)
+    for u, nb, page in _lessons(d, units):
+        url = f"https://colab.research.google.com/github/{cfg['user']}/{cfg['repo']}/blob/{cfg['branch']}/nbs/{nb.name}"
+        assert f'href="{url}"' in page.read_text(), f"{page.name} has no Open in Colab link to {url}"
+
+
+def test_api_reference_from_docstrings(site):
+    d, _, _ = site
+    text = (d / "api" / "core.html").read_text()
+    assert "seed_everything" in text and "atomically" in text, "autodoc did not render course_lib.core's docstrings"
+    assert "00_core.html" in text, "the API page does not link to its notebook"
+
+
+def test_internal_links_and_images_resolve(site):
+    d, _, _ = site
+    bad, cache = [], {}
+    for page in _pages(d):
+        refs = _parse(page)
+        for kind, items in (("link", refs.links), ("image/asset", refs.images)):
+            for ref in items:
+                loc = _local(page, ref, d)
+                if loc is None: continue
+                target, frag = loc
+                if not target.is_file():
+                    bad.append(f"{page.relative_to(d)}: {kind} {ref} -> missing file"); continue
+                if frag and target.suffix == ".html":
+                    ids = cache.setdefault(target, _parse(target).ids if target != page.resolve() else refs.ids)
+                    if frag not in ids: bad.append(f"{page.relative_to(d)}: {kind} {ref} -> no #{frag}")
+    assert not bad, "broken references:\n" + "\n".join(bad[:40])
+
+
+def test_nothing_is_loaded_from_the_web(site):
+    d, _, _ = site
+    ext = []
+    for page in _pages(d):
+        for ref in _parse(page).images:
+            if urlsplit(ref).scheme in ("http", "https") or ref.startswith("//"): ext.append(f"{page.name}: {ref}")
+    assert not ext, "pages load images/scripts/styles from the web (the site must work offline):\n" + "\n".join(ext[:20])
+
+
+# ---------------------------------------------------------------- the generator's pieces
+
+def test_rewrite_links(tmp_path):
+    (tmp_path / "units" / "01_ddpm").mkdir(parents=True)
+    (tmp_path / "units" / "01_ddpm" / "fig.png").write_bytes(b"\x89PNG")
+    cfg = {"git_url": "https://github.com/u/r", "branch": "main"}
+    pages = {"nbs/10_a.ipynb": "units/01_ddpm/10_a.ipynb", "units/00_start/README.md": "units/00_start/index.md"}
+    copies = {}
+    md = ("[a](../../nbs/10_a.ipynb#x) [b](../00_start/README.md) [c](../../benchmarks/b.py) ![f](fig.png) "
+          "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/u/r/blob/main/nbs/10_a.ipynb) "
+          '![ci](https://img.shields.io/x.svg) <img src="https://colab.research.google.com/assets/colab-badge.svg"> [top](#goals)')
+    out = rewrite_links(md, "units/01_ddpm/README.md", "units/01_ddpm/index.md", pages, cfg, tmp_path, copies)
+    assert "[a](10_a.ipynb#x)" in out and "[b](../00_start/index.md)" in out and "[top](#goals)" in out
+    assert "[c](https://github.com/u/r/blob/main/benchmarks/b.py)" in out
+    assert "![f](fig.png)" in out and copies == {"units/01_ddpm/fig.png": "units/01_ddpm/fig.png"}
+    assert "[![Open In Colab](../../_static/colab-badge.svg)](https://colab.research.google.com/github/u/r/blob/main/nbs/10_a.ipynb)" in out
+    assert "shields.io" not in out and "![ci]" not in out and 'src="../../_static/colab-badge.svg"' in out
+
+
+def test_executed_copy_must_match_the_notebook():
+    src = {"cells": [{"cell_type": "markdown", "source": "# t", "metadata": {}},
+                     {"cell_type": "code", "source": "#| gpu\nx = 1", "metadata": {}, "outputs": []},
+                     {"cell_type": "code", "source": "y = 2", "metadata": {}, "outputs": []}], "metadata": {}}
+    injected = {"cell_type": "code", "source": "y = 3", "metadata": {"tags": ["injected-parameters"]}, "outputs": []}
+    ok = {"cells": [src["cells"][0], injected, src["cells"][2]], "metadata": {"papermill": {"exception": False}}}
+    assert executed_matches(ok, src)                      # the gpu cell was dropped, parameters injected
+    assert not executed_matches({**ok, "metadata": {"papermill": {"exception": True}}}, src)  # it failed
+    edited = json.loads(json.dumps(src)); edited["cells"][2]["source"] = "y = 4"
+    assert not executed_matches(ok, edited)               # the notebook changed since it ran
+    assert not executed_matches({"cells": ok["cells"][:1], "metadata": {}}, src)  # it stopped early
+
+
+def test_lesson_notebook_hides_nbdev_directives_and_widgets():
+    cfg = {"user": "u", "repo": "r", "branch": "main"}
+    nb = {"metadata": {"widgets": {"state": {}}}, "cells": [
+        {"cell_type": "markdown", "source": "# Title", "metadata": {}},
+        {"cell_type": "code", "source": "#| default_exp core", "metadata": {}, "outputs": []},
+        {"cell_type": "code", "source": "#| hide\nsecret = 1", "metadata": {}, "outputs": []},
+        {"cell_type": "code", "source": "#| export\ndef f(): pass", "metadata": {}, "outputs": [
+            {"output_type": "stream", "name": "stderr", "text": "warning"},
+            {"output_type": "display_data", "metadata": {}, "data": {
+                "application/vnd.jupyter.widget-view+json": {"model_id": "1"}, "text/plain": " 40%|####  | 4/10"}}]}]}
+    page = lesson_notebook(nb, "00_core.ipynb", cfg)
+    srcs = [c["source"] for c in page["cells"]]
+    assert srcs[0] == "# Title" and "https://colab.research.google.com/github/u/r/blob/main/nbs/00_core.ipynb" in srcs[1]
+    assert srcs[2:] == ["def f(): pass"] and page["cells"][2]["outputs"] == [] and "widgets" not in page["metadata"]
+
+
+def test_site_command_rejects_bad_arguments(tmp_path, capsys):
+    from course_lib.site import site_main
+    assert site_main(["--profile", "slow"]) == 2
+    assert site_main(["--units", "no-such-unit"]) == 2
+    assert "unknown unit 'no-such-unit'" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("mine")
+    assert site_main(["--units", "start", "--out", str(tmp_path)]) == 2      # never wipes a folder it did not build
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert "not a site built by `course site`" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- in a real browser
+
+def _chromium() -> str | None:
+    for c in [os.environ.get("COURSE_LIB_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "google-chrome-stable"]:
+        if c and shutil.which(c): return shutil.which(c)
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser(site, tmp_path_factory):
+    """(page factory, base URL, site folder): headless Chromium via Playwright, the site on a localhost server."""
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("browser tests skipped: no Chromium found (apt-get install chromium, or set COURSE_LIB_CHROMIUM)")
+    try: from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("browser tests skipped: the playwright package is not installed (pip install -e '.[dev]')")
+    d = site[0]
+    handler = partial(type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}), directory=str(d))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    pw = sync_playwright().start()
+    try:
+        ctx = pw.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("chromium-profile")), executable_path=exe,
+                                                    headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900})
+    except Exception as e:
+        pw.stop(); server.shutdown()
+        pytest.skip(f"browser tests skipped: Chromium at {exe} does not start ({str(e).splitlines()[0]})")
+    try: yield ctx, base, d
+    finally:
+        ctx.close(); pw.stop(); server.shutdown(); server.server_close()
+
+
+def _visit(ctx, url):
+    "Open `url`; returns (page, problems): console errors, uncaught exceptions, failed or 4xx/5xx requests."
+    page, problems = ctx.new_page(), []
+    page.on("console", lambda m: problems.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    page.goto(url, wait_until="load")
+    page.wait_for_load_state("networkidle")
+    return page, problems
+
+
+FIGURES_JS = """() => {
+  const out = document.querySelectorAll('.cell_output, .output');
+  const imgs = [...document.querySelectorAll('.cell_output img')];
+  return {shown: imgs.filter(i => i.complete && i.naturalWidth > 0).length,
+          broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => (i.src || '').slice(0, 80)),
+          svgs: document.querySelectorAll('.cell_output svg').length,
+          animations: document.querySelectorAll('.cell_output .animation img[id^="_anim_img"]').length};
+}"""
+
+
+def _expected_figures(executed: Path | None) -> int:
+    "Figure outputs (images, SVG, animations) in an executed notebook."
+    if executed is None: return 0
+    n = 0
+    for c in json.loads(executed.read_text())["cells"]:
+        for o in c.get("outputs", []):
+            data = o.get("data", {})
+            html_ = "".join(data.get("text/html", ""))
+            if "image/png" in data or "image/jpeg" in data or "image/svg+xml" in data or "_anim_img" in html_: n += 1
+    return n
+
+
+def test_every_page_loads_without_console_errors(browser):
+    ctx, base, d = browser
+    report = []
+    for p in _pages(d):
+        page, problems = _visit(ctx, base + p.relative_to(d).as_posix())
+        page.close()
+        report += [f"{p.relative_to(d)}: {x}" for x in problems]
+    assert not report, "pages with errors in the browser:\n" + "\n".join(report[:40])
+
+
+def test_every_lesson_shows_its_figures(browser, site):
+    ctx, base, d = browser
+    _, executed_dir, units = site
+    missing = []
+    for u, nb, html_page in _lessons(d, units):
+        page, _ = _visit(ctx, base + html_page.relative_to(d).as_posix())
+        page.wait_for_timeout(200)
+        f = page.evaluate(FIGURES_JS)
+        page.close()
+        shown = f["shown"] + f["svgs"]
+        expected = _expected_figures(find_executed(u, nb, "quick", [executed_dir]) or find_executed(u, nb, "full", [executed_dir]))
+        if f["broken"]: missing.append(f"{nb.name}: images that do not render: {f['broken']}")
+        # unit 0's library notebooks (core, data, cli, site, ...) may have no figure; every other lesson must show one
+        if shown < max(expected, 0 if u.number == 0 and expected == 0 else 1):
+            missing.append(f"{nb.name}: {shown} figure(s) rendered, the executed notebook has {expected}")
+    assert not missing, "\n".join(missing)
+    assert any(_expected_figures(find_executed(u, nb, "quick", [executed_dir])) for u, nb, _ in _lessons(d, units)), \
+        "no lesson in the site has a figure"
+
+
+def test_internal_links_resolve_in_the_browser(browser):
+    ctx, base, d = browser
+    urls = set()
+    for p in [d / "index.html", *sorted((d / "units").rglob("index.html")), d / "api" / "index.html"]:
+        page, _ = _visit(ctx, base + p.relative_to(d).as_posix())
+        urls.update(u.split("#")[0] for u in page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
+                    if u.startswith(base))
+        page.close()
+    bad = []
+    for u in sorted(urls):
+        r = ctx.request.get(u)
+        if r.status != 200: bad.append(f"{u}: HTTP {r.status}")
+    assert urls and not bad, "\n".join(bad)
+
+
+def test_screenshots(browser, site):
+    ctx, base, d = browser
+    _, executed_dir, units = site
+    ARTIFACTS.mkdir(exist_ok=True)
+    lesson = next((h for u, nb, h in _lessons(d, units) if _expected_figures(find_executed(u, nb, "quick", [executed_dir]))), None)
+    assert lesson is not None, "no lesson with a figure to take a screenshot of"
+    for name, p in [("site-home.png", d / "index.html"), ("site-lesson.png", lesson)]:
+        page, _ = _visit(ctx, base + p.relative_to(d).as_posix())
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+        page.close()
+        assert (ARTIFACTS / name).stat().st_size > 10_000, f"{name} looks empty"
