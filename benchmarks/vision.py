@@ -1,0 +1,85 @@
+"""Inference throughput of a course vision model: images/s for eager fp32, channels_last, bf16 autocast,
+TorchScript and ONNX Runtime at batch sizes 1 to 256, with ratios against eager fp32 measured in the same run,
+and a check that `course_lib.vision.choose_batch_size` picks a batch size within 10% of the best throughput.
+
+    python benchmarks/vision.py                        # course_resnet_32 on the default device
+    python benchmarks/vision.py --model course_vit_32 --threads 1 --min-time 0.5
+"""
+import argparse, copy, sys, tempfile, warnings
+from pathlib import Path
+
+import torch
+
+from course_lib.core import get_device
+from course_lib.vision import (bf16_supported, choose_batch_size, export_onnx, export_torchscript, images_per_second,
+                               model_data_config, onnx_session)
+import timm
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="course_resnet_32")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--min-time", type=float, default=0.4, help="seconds of timing per measurement")
+    p.add_argument("--threads", type=int, default=None, help="torch and onnxruntime CPU threads (default: torch's)")
+    p.add_argument("--device", default=None)
+    a = p.parse_args(argv)
+    if a.threads: torch.set_num_threads(a.threads)
+    threads = torch.get_num_threads()
+    device = get_device(a.device)
+    sizes = [int(b) for b in a.batch_sizes.split(",")]
+    torch.manual_seed(0)
+    model = timm.create_model(a.model, num_classes=10).eval().to(device)
+    shape = model_data_config(model)["input_size"]
+    ex = torch.randn(2, *shape)
+
+    def eager(m, amp=None, cl=False):
+        if cl: m = copy.deepcopy(m).to(memory_format=torch.channels_last)
+        def fn(x):
+            if cl: x = x.contiguous(memory_format=torch.channels_last)
+            with torch.no_grad(), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                return m(x)
+        return fn
+
+    tmp = Path(tempfile.mkdtemp())
+    variants = {"eager fp32": (eager(model), device), "channels_last": (eager(model, cl=True), device)}
+    if bf16_supported(device): variants["bf16 autocast"] = (eager(model, amp=torch.bfloat16), device)
+    ts_path, ts_diff = export_torchscript(model, tmp / "m.pt", ex)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ts = torch.jit.load(str(ts_path)).to(device)
+    def ts_fn(x):
+        with torch.no_grad(): return ts(x)
+    variants["TorchScript"] = (ts_fn, device)
+    onnx_path, onnx_diff = export_onnx(model, tmp / "m.onnx", ex)
+    sess = onnx_session(onnx_path, threads=threads if device.type == "cpu" else None)
+    variants["ONNX Runtime"] = (lambda x: sess.run(None, {"x": x.numpy()}), torch.device("cpu"))
+
+    table = {}
+    for name, (fn, dev) in variants.items():
+        table[name] = {}
+        for b in sizes:
+            x = torch.randn(b, *shape, device=dev)
+            try: table[name][b] = images_per_second(fn, x, min_time=a.min_time)
+            except RuntimeError as e:
+                if "out of memory" not in str(e).lower(): raise
+                break
+    base = table["eager fp32"]
+    print(f"# {a.model}, input {tuple(shape)}, device {device}, {threads} CPU thread(s); images/s "
+          f"(x ratio to eager fp32 at the same batch size)")
+    print(f"# export check: TorchScript max|diff| {ts_diff:.1e}, ONNX max|diff| {onnx_diff:.1e} (target <= 1e-4)")
+    print(f"{'variant':<15}" + "".join(f"{b:>16}" for b in sizes))
+    for name, row in table.items():
+        cells = [f"{row[b]:9.0f} x{row[b] / base[b]:4.2f}" if b in row and b in base else f"{'-':>14}" for b in sizes]
+        print(f"{name:<15}" + "".join(f"{c:>16}" for c in cells))
+    best_b = max(base, key=base.get)
+    chosen, _ = choose_batch_size(variants["eager fp32"][0], shape, sizes, device=device, min_time=a.min_time)
+    ratio = base[chosen] / base[best_b]
+    print(f"\nchoose_batch_size (its own measurement) picked {chosen}; in this sweep it gives {base[chosen]:.0f} images/s, "
+          f"{100 * ratio:.1f}% of the best ({base[best_b]:.0f} images/s at batch {best_b}): "
+          f"{'within' if ratio >= 0.9 else 'NOT within'} 10%")
+    return 0 if ratio >= 0.9 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
