@@ -1,0 +1,158 @@
+"""Unit 6 benchmark: reading Pile-format .jsonl.zst, and BPB evaluation throughput.
+
+    python benchmarks/pile.py [--mb 120] [--repeat 2] [--shards 4] [--processes 1 2] [--no-bpb]
+
+1. One file of >= 100 MB of uncompressed mini-Pile text (Python source code of the installed packages as `Github`,
+   written at run time in a temporary folder): MB/s (uncompressed bytes a second) of
+   - plain zstandard stream decompression into nothing (the single-core limit of the format),
+   - `course_lib.pile.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
+   - `lm_dataformat.Reader.stream_data` (the Pile's own reader), and a naive orjson line loop.
+2. The same data in several shards, read by 1..N processes (`course pile stats --processes`): scaling.
+3. BPB evaluation tokens/s of `course_lib.bpb.bpb` (windows batched) against one window at a time.
+Ratios are against baselines measured in the same run. Nothing is downloaded."""
+import argparse, io, os, sys, sysconfig, tempfile, time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import zstandard
+
+from course_lib.pile import read_jsonl_zst, write_jsonl_zst, ReadStats, count_subsets, mini_pile_records, format_table
+
+
+def code_records(max_bytes: int):
+    "Deterministic records from the installed packages' .py files (sorted walk), then the mini-Pile, until max_bytes."
+    total = 0
+    roots = [Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["stdlib"])]
+    for root in roots:
+        for dirpath, dirs, files in os.walk(root):
+            dirs.sort()
+            for f in sorted(files):
+                if not f.endswith(".py"): continue
+                p = Path(dirpath) / f
+                try: text = p.read_text(encoding="utf-8")
+                except (UnicodeDecodeError, OSError): continue
+                if not text: continue
+                yield {"text": text, "meta": {"pile_set_name": "Github", "source": str(p.relative_to(root))}}
+                total += len(text.encode("utf-8"))
+                if total >= max_bytes: return
+
+
+def best(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter(); out = fn(); times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def plain(path):
+    n = 0
+    with open(path, "rb") as fh:
+        r = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+        while (b := r.read(1 << 20)): n += len(b)
+    return n
+
+
+def ours(path, threaded=True):
+    st = ReadStats()
+    for _ in read_jsonl_zst(path, stats=st, threaded=threaded): pass
+    return st.records
+
+
+def lmd(path):
+    import lm_dataformat
+    return sum(1 for _ in lm_dataformat.Reader(str(path)).stream_data(get_meta=True))
+
+
+def naive_orjson(path):
+    import orjson
+    n = 0
+    with open(path, "rb") as fh:
+        r = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True), 1 << 20)
+        for line in r:
+            if line.strip(): orjson.loads(line); n += 1
+    return n
+
+
+def count_file(path):
+    st = ReadStats()
+    c = count_subsets(read_jsonl_zst(path, stats=st, threaded=False))
+    return st.uncompressed_bytes, sum(v.docs for v in c.values())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mb", type=float, default=120, help="uncompressed MB of the test file (>= 100 for the target)")
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--no-bpb", action="store_true")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="pile-bench-") as d:
+        d = Path(d)
+        t0 = time.perf_counter()
+        n_rec = write_jsonl_zst(d / "big.jsonl.zst", code_records(int(a.mb * 1e6)), level=3)
+        size = plain(d / "big.jsonl.zst")
+        print(f"test file: {n_rec} records, {size/1e6:.1f} MB uncompressed, {(d/'big.jsonl.zst').stat().st_size/1e6:.1f} MB "
+              f"compressed (zstd 3), written in {time.perf_counter()-t0:.1f} s; cpu cores: {os.cpu_count()}")
+        rows, base = [], None
+        cases = [("plain zstd decompression (no parsing)", lambda: plain(d / "big.jsonl.zst")),
+                 ("read_jsonl_zst (threaded, orjson)", lambda: ours(d / "big.jsonl.zst", True)),
+                 ("read_jsonl_zst (one thread)", lambda: ours(d / "big.jsonl.zst", False)),
+                 ("naive orjson line loop", lambda: naive_orjson(d / "big.jsonl.zst"))]
+        try:
+            import lm_dataformat  # noqa: F401
+            cases.append(("lm_dataformat.Reader", lambda: lmd(d / "big.jsonl.zst")))
+        except ImportError: print("lm_dataformat not installed: pip install lm_dataformat")
+        res = {}
+        for name, fn in cases:
+            t, out = best(fn, a.repeat)
+            res[name] = size / 1e6 / t
+            if name.startswith("read") or name.startswith("lm_") or name.startswith("naive"): assert out == n_rec, (name, out)
+        base = res[cases[0][0]]
+        ref = res.get("lm_dataformat.Reader")
+        for name, mbs in res.items():
+            rows.append({"reader": name, "MB/s": mbs, "x plain": mbs / base, "x lm_dataformat": mbs / ref if ref else float("nan")})
+        print("\n1. one file, records fully parsed"); print(format_table(rows))
+
+        # 2. shards x processes
+        shards = [d / f"shard{i:02d}.jsonl.zst" for i in range(a.shards)]
+        recs = read_jsonl_zst(d / "big.jsonl.zst")
+        per = n_rec // a.shards + 1
+        import itertools
+        for s in shards: write_jsonl_zst(s, itertools.islice(recs, per))
+        rows = []
+        t1 = None
+        for np_ in a.processes:
+            def run():
+                if np_ == 1: return [count_file(s) for s in shards]
+                with ProcessPoolExecutor(np_) as ex: return list(ex.map(count_file, shards))
+            t, out = best(run, a.repeat)
+            assert sum(o[1] for o in out) == n_rec
+            if np_ == 1: t1 = t
+            rows.append({"processes": np_, "MB/s": size / 1e6 / t, "speed-up": (t1 / t) if t1 else float("nan"),
+                         "efficiency": (t1 / t / np_) if t1 else float("nan")})
+        print(f"\n2. {a.shards} shards, one process a shard at a time (single-threaded readers)"); print(format_table(rows))
+
+    if not a.no_bpb:
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+        from course_lib.bpb import bpb
+        from course_lib.lm import train_bpe_tokenizer
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+        docs = list(mini_pile_records(max_mb_per_subset=0.05, max_doc_kb=16))
+        tok = train_bpe_tokenizer([r["text"] for r in docs], vocab_size=1024)
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=128, n_layer=4, n_head=4,
+                                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)).eval()
+        rows, base = [], None
+        for name, bs in [("one window at a time", 1), ("batched windows (8)", 8), ("batched windows (32)", 32)]:
+            t, rep = best(lambda: bpb(model, tok, docs, window=128, batch_size=bs), 1)
+            tps = rep.overall.tokens / t
+            base = base or tps
+            rows.append({"bpb evaluation": name, "tokens": rep.overall.tokens, "tokens/s": tps, "speed-up": tps / base, "bpb": rep.overall.bpb})
+        print("\n3. BPB evaluation (GPT-2, 4 layers, d=128, window 128)"); print(format_table(rows, floats=".3f"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
