@@ -141,12 +141,21 @@ def check_prediction_type(prediction_type: str) -> str:
         raise ValueError(f"unknown prediction_type {prediction_type!r}; choose one of {list(PREDICTION_TYPES)}")
     return prediction_type
 
-# %% ../nbs/11_ddpm_training.ipynb #7e0b2414
-import copy
-from torch import nn
-from .core import atomic_write
+# %% ../nbs/11_ddpm_training.ipynb #7c7a54a6
+import copy, hashlib, inspect, json, math, os, time
+from dataclasses import dataclass, asdict, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
 
-# %% ../nbs/11_ddpm_training.ipynb #eabed9ae
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .core import atomic_write, cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
+from .data import Digits, to_float, to_uint8
+
+# %% ../nbs/11_ddpm_training.ipynb #bc3b58ce
 def diffusion_target(schedule: NoiseSchedule, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor,
                      prediction_type: str = "epsilon") -> torch.Tensor:
     "The regression target for `prediction_type`: `eps` itself, or v = sqrt(ab) eps - sqrt(1 - ab) x0. Shapes `(B, C, H, W)`."
@@ -164,7 +173,7 @@ def diffusion_loss(model: nn.Module, schedule: NoiseSchedule, x0: torch.Tensor, 
     out = model(xt, t, class_labels=class_labels).sample
     return F.mse_loss(out.float(), diffusion_target(schedule, x0, eps, t, prediction_type))
 
-# %% ../nbs/11_ddpm_training.ipynb #1c554e0c
+# %% ../nbs/11_ddpm_training.ipynb #55d2ef99
 MIXED_PRECISION = ("auto", "no", "fp16", "bf16")
 
 @dataclass
@@ -274,7 +283,7 @@ def make_unet(config: DDPMConfig) -> "UNet2DModel":
                        attention_head_dim=8, norm_num_groups=config.norm_num_groups,
                        num_class_embeds=config.num_classes)
 
-# %% ../nbs/11_ddpm_training.ipynb #10b0e35a
+# %% ../nbs/11_ddpm_training.ipynb #a854ce4c
 class CheckpointMismatch(ValueError):
     "A checkpoint was written for another network architecture than the one requested."
 
@@ -449,7 +458,7 @@ def train_ddpm(config: DDPMConfig | None = None, dataset=None, checkpoint_dir: s
     ema.ddpm_config = cfg
     return ema
 
-# %% ../nbs/11_ddpm_training.ipynb #fefc1a32
+# %% ../nbs/11_ddpm_training.ipynb #8aa13366
 def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=None, progress: bool = True,
                          retrain: bool = False) -> nn.Module:
     """The trained DDPM (EMA weights, `diffusers.UNet2DModel` in eval mode on `device`) for `config`
@@ -482,11 +491,22 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
     model.ddpm_config = cfg
     return model.to(get_device(device)).eval()
 
-# %% ../nbs/13_sampling.ipynb #a46fe848
-import inspect, time
+# %% ../nbs/13_sampling.ipynb #eeb6e088
+import copy, hashlib, inspect, json, math, os, time
+from dataclasses import dataclass, asdict, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .core import atomic_write, cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
+from .data import Digits, to_float, to_uint8
 from tqdm.auto import tqdm
 
-# %% ../nbs/13_sampling.ipynb #5825c4cb
+# %% ../nbs/13_sampling.ipynb #af8361d1
 @dataclass
 class StepOutput:
     "What `AncestralSampler.step` returns, as diffusers' `DDPMSchedulerOutput`: x_{t-1} and the estimate of x0, `(B, C, H, W)`."
@@ -561,7 +581,7 @@ class AncestralSampler:
         out = StepOutput(prev_sample=mean, pred_original_sample=x0)
         return out if return_dict else (out.prev_sample, out.pred_original_sample)
 
-# %% ../nbs/13_sampling.ipynb #22832e88
+# %% ../nbs/13_sampling.ipynb #ac5deb8a
 @torch.no_grad()
 def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50, generator: torch.Generator | None = None,
            class_labels: torch.Tensor | int | Sequence[int] | None = None, eta: float | None = None,
@@ -609,7 +629,7 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50, g
     xs = torch.cat(outs)
     return to_uint8(xs), xs
 
-# %% ../nbs/13_sampling.ipynb #7966cfb5
+# %% ../nbs/13_sampling.ipynb #adb3bd10
 SAMPLERS = ("ancestral", "ddpm", "ddim", "dpm++")
 
 def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: bool = True, **kw):
@@ -638,7 +658,7 @@ def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: boo
                                      "algorithm_type": "dpmsolver++", "solver_order": 2, **rec, **kw})
     raise ValueError(f"unknown sampler {kind!r}; choose one of {list(SAMPLERS)}")
 
-# %% ../nbs/13_sampling.ipynb #bb3e8589
+# %% ../nbs/13_sampling.ipynb #faf7b096
 def sampler_table(model: nn.Module, config: DDPMConfig, runs: Sequence[tuple], n: int = 512, seed: int = 0,
                   judge: Callable[[torch.Tensor], dict] | None = None,
                   metrics: dict[str, Callable[[torch.Tensor], float]] | None = None,

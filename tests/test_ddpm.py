@@ -197,8 +197,8 @@ def test_two_cpu_processes_keep_identical_weights(tmp_path):
     script, out = tmp_path / "train2.py", tmp_path / "out.json"
     script.write_text(SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(out)]
+    # torchrun (gloo on CPU); `accelerate launch --multi_gpu --num_processes 2` starts the same torch.distributed run
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(out)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
