@@ -6,6 +6,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("COURSE_LIB_DEVICE", "cpu")
+# `pytest -n 2` runs two notebooks at once on 2 cores: one thread each beats two threads fighting over the cores
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("COURSE_LIB_HOME", str(ROOT / ".course-test-cache"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
