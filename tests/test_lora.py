@@ -14,6 +14,9 @@ from course_lib.lora import (LoRALinear, LoRAConv2d, inject_lora, lora_layers, m
 from course_lib.lora_data import (ConceptDataset, Augment, aspect_buckets, assign_bucket, read_captions,
                                   write_concept_folder, filename_captioner, BucketBatchSampler)
 
+# folders without caption files are made on purpose below; test_warning_when_no_caption_matches checks the warning
+pytestmark = pytest.mark.filterwarnings("ignore:no caption file")
+
 
 def peft_inject(model, targets, r, alpha):
     from peft import LoraConfig
