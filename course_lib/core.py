@@ -89,6 +89,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0); os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)   # mkstemp creates 0600; give the file the usual permissions
     try:
         with os.fdopen(fd, mode) as f:
             yield f
