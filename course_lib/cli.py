@@ -249,6 +249,7 @@ PLUGINS = {
     "finetune": ("course_lib.vision", "finetune_main", "fine-tune a timm model on a folder of class sub-folders (unit 5)"),
     "pile":     ("course_lib.pile", "pile_main", "Pile-format .jsonl.zst tools: stats, build-mini (unit 6)"),
     "bpb":      ("course_lib.bpb", "bpb_main", "bits per byte of a language model on .jsonl.zst files (unit 6)"),
+    "lora":     ("course_lib.lora_io", "lora_main", "train, inspect and use LoRA adapters (unit 4)"),
     "new":      ("course_lib.contrib", "new_main", "scaffold a notebook from the template into a unit"),
     "site":     ("course_lib.site", "site_main", "build the course website from executed notebooks"),
 }
