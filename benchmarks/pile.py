@@ -5,18 +5,22 @@
 1. One file of >= 100 MB of uncompressed mini-Pile text (Python source code of the installed packages as `Github`,
    written at run time in a temporary folder): MB/s (uncompressed bytes a second) of
    - plain zstandard stream decompression into nothing (the single-core limit of the format),
+   - JSON decoding alone of the same lines already decompressed and split in memory (msgspec, the reader's decoder,
+     and orjson): the most one thread that parses can reach, whatever overlaps with it,
    - `course_lib.pile.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
    - `lm_dataformat.Reader.stream_data` (the Pile's own reader), and a naive orjson line loop.
-2. The same data in several shards, read by 1..N processes (`course pile stats --processes`): scaling.
+2. The same data in several shards of equal size, read by `course pile stats --processes N` (in this process, so
+   `pile_main` with the pool it starts): scaling, against one process reading them one after another.
 3. BPB evaluation tokens/s of `course_lib.bpb.bpb` (windows batched) against one window at a time.
 Ratios are against baselines measured in the same run. Nothing is downloaded."""
-import argparse, io, os, sys, sysconfig, tempfile, time
+import argparse, contextlib, io, json, os, sys, sysconfig, tempfile, time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import zstandard
 
-from course_lib.pile import read_jsonl_zst, write_jsonl_zst, ReadStats, count_subsets, mini_pile_records, format_table
+from course_lib.pile import (read_jsonl_zst, write_jsonl_zst, ReadStats, mini_pile_records, format_table, pile_main,
+                             _stats_one, _loads)
 
 
 def code_records(max_bytes: int):
@@ -73,10 +77,32 @@ def naive_orjson(path):
     return n
 
 
-def count_file(path):
-    st = ReadStats()
-    c = count_subsets(read_jsonl_zst(path, stats=st, threaded=False))
-    return st.uncompressed_bytes, sum(v.docs for v in c.values())
+def in_memory_lines(path):
+    "The file's lines, decompressed and split, in memory (for the parse-only rows; not timed)."
+    with open(path, "rb") as fh:
+        raw = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read()
+    return [l for l in raw.split(b"\n") if l]
+
+
+def parse_only(lines, loads):
+    for l in lines: loads(l)
+    return len(lines)
+
+
+def stats_cli(shards, processes):
+    "`course pile stats SHARD... --json --processes N`; returns the documents counted."
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert pile_main(["stats", *map(str, shards), "--json", "--processes", str(processes)]) == 0
+    return json.loads(out.getvalue())["subsets"][-1]["docs"]
+
+
+def _noop(x): return x
+
+
+def pool_startup(processes):
+    "Starting and stopping a pool of `processes` workers that do nothing."
+    with ProcessPoolExecutor(processes) as ex: list(ex.map(_noop, range(processes)))
 
 
 def main(argv=None):
@@ -95,8 +121,12 @@ def main(argv=None):
         print(f"test file: {n_rec} records, {size/1e6:.1f} MB uncompressed, {(d/'big.jsonl.zst').stat().st_size/1e6:.1f} MB "
               f"compressed (zstd 3), written in {time.perf_counter()-t0:.1f} s; cpu cores: {os.cpu_count()}")
         rows, base = [], None
+        lines = in_memory_lines(d / "big.jsonl.zst")
+        import orjson
         cases = [("plain zstd decompression (no parsing)", lambda: plain(d / "big.jsonl.zst")),
-                 ("read_jsonl_zst (threaded, orjson)", lambda: ours(d / "big.jsonl.zst", True)),
+                 ("parse only: msgspec on in-memory lines", lambda: parse_only(lines, _loads)),
+                 ("parse only: orjson on in-memory lines", lambda: parse_only(lines, orjson.loads)),
+                 ("read_jsonl_zst (threaded, msgspec)", lambda: ours(d / "big.jsonl.zst", True)),
                  ("read_jsonl_zst (one thread)", lambda: ours(d / "big.jsonl.zst", False)),
                  ("naive orjson line loop", lambda: naive_orjson(d / "big.jsonl.zst"))]
         try:
@@ -107,31 +137,36 @@ def main(argv=None):
         for name, fn in cases:
             t, out = best(fn, a.repeat)
             res[name] = size / 1e6 / t
-            if name.startswith("read") or name.startswith("lm_") or name.startswith("naive"): assert out == n_rec, (name, out)
-        base = res[cases[0][0]]
+            if not name.startswith("plain"): assert out == n_rec, (name, out)
+        del lines
+        base, bound = res[cases[0][0]], res[cases[1][0]]
         ref = res.get("lm_dataformat.Reader")
         for name, mbs in res.items():
-            rows.append({"reader": name, "MB/s": mbs, "x plain": mbs / base, "x lm_dataformat": mbs / ref if ref else float("nan")})
+            rows.append({"reader": name, "MB/s": mbs, "x plain": mbs / base, "x parse-only": mbs / bound,
+                         "x lm_dataformat": mbs / ref if ref else float("nan")})
         print("\n1. one file, records fully parsed"); print(format_table(rows))
 
-        # 2. shards x processes
+        # 2. shards x processes: shards of equal uncompressed size (equal record counts gave shards 23-41 MB, and the
+        # slowest process decided), read by the command line's code
         shards = [d / f"shard{i:02d}.jsonl.zst" for i in range(a.shards)]
-        recs = read_jsonl_zst(d / "big.jsonl.zst")
-        per = n_rec // a.shards + 1
-        import itertools
-        for s in shards: write_jsonl_zst(s, itertools.islice(recs, per))
-        rows = []
-        t1 = None
+        text_bytes = sum(len(r["text"].encode("utf-8")) for r in read_jsonl_zst(d / "big.jsonl.zst"))
+        def shard_records(i):
+            lo, hi, acc = text_bytes * i / a.shards, text_bytes * (i + 1) / a.shards, 0
+            for r in read_jsonl_zst(d / "big.jsonl.zst"):
+                if lo <= acc < hi or (i == a.shards - 1 and acc >= hi): yield r
+                acc += len(r["text"].encode("utf-8"))
+        for i, s in enumerate(shards): write_jsonl_zst(s, shard_records(i))
+        t1, _ = best(lambda: [_stats_one(str(s), "strict", False) for s in shards], a.repeat)
+        rows = [{"processes": "1, one thread, shard after shard", "MB/s": size / 1e6 / t1, "speed-up": 1.0, "efficiency": 1.0}]
         for np_ in a.processes:
-            def run():
-                if np_ == 1: return [count_file(s) for s in shards]
-                with ProcessPoolExecutor(np_) as ex: return list(ex.map(count_file, shards))
-            t, out = best(run, a.repeat)
-            assert sum(o[1] for o in out) == n_rec
-            if np_ == 1: t1 = t
-            rows.append({"processes": np_, "MB/s": size / 1e6 / t, "speed-up": (t1 / t) if t1 else float("nan"),
-                         "efficiency": (t1 / t / np_) if t1 else float("nan")})
-        print(f"\n2. {a.shards} shards, one process a shard at a time (single-threaded readers)"); print(format_table(rows))
+            t, docs = best(lambda: stats_cli(shards, np_), a.repeat)
+            assert docs == n_rec, (docs, n_rec)
+            rows.append({"processes": f"{np_}, course pile stats --processes {np_}" + (" (threaded reader)" if np_ == 1 else ""),
+                         "MB/s": size / 1e6 / t, "speed-up": t1 / t, "efficiency": t1 / t / np_})
+        print(f"\n2. {a.shards} shards of {size / a.shards / 1e6:.0f} MB, course pile stats"); print(format_table(rows))
+        for np_ in [n for n in a.processes if n > 1]:
+            t, _ = best(lambda: pool_startup(np_), a.repeat)
+            print(f"   starting and stopping a pool of {np_} worker processes alone: {t * 1000:.0f} ms")
 
     if not a.no_bpb:
         import torch

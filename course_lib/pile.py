@@ -13,13 +13,19 @@ import zstandard
 
 try:
     import orjson
-    _loads, _JSONError = orjson.loads, orjson.JSONDecodeError
     def _dumps(obj) -> bytes: return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
 except ImportError:  # pragma: no cover - orjson is a requirement; json is the fallback
-    _loads, _JSONError = json.loads, json.JSONDecodeError
+    orjson = None
     def _dumps(obj) -> bytes: return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+try:  # decoding: msgspec (the fastest here on JSON lines, and exact on big integers as json is), else orjson, else json;
+      # each takes bytes or a memoryview and raises a ValueError subclass on bad input
+    import msgspec
+    _loads = msgspec.json.Decoder().decode
+except ImportError:  # pragma: no cover - msgspec is a requirement
+    _loads = orjson.loads if orjson is not None else (lambda b: json.loads(bytes(b)))
 
-from .core import atomic_write, cache_dir
+# course_lib.core (atomic_write, cache_dir) is imported where it is used: it imports torch, which makes importing this
+# module take seconds and forking a worker process (course pile stats --processes) several times slower
 
 # %% auto #0
 __all__ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MINI_PILE_SUBSETS', 'SPLITS', 'TEXT_SUFFIXES',
@@ -101,6 +107,7 @@ def write_jsonl_zst(path: str | os.PathLike, records: Iterable[dict | str], leve
     (1-22; the Pile used 3), `threads`: zstd worker threads (0: none). Returns the number of records.
     Raises `TypeError` naming the index of a record that is not a str or a dict with a str `text`.
     Same lines as `lm_dataformat.Archive.add_data` (one JSON object and `\\n` a record)."""
+    from course_lib.core import atomic_write
     if not 1 <= level <= 22: raise ValueError(f"zstd level must be in 1..22, got {level}")
     n = 0
     with atomic_write(path, "wb") as fh:
@@ -135,8 +142,83 @@ class ReadStats:
 class _Corrupt(Exception):
     def __init__(self, offset, reason): self.offset, self.reason = offset, reason
 
-def _zstd_chunks(fh, stats: ReadStats, read_size: int = 1 << 18) -> Iterator[bytes]:
-    "Decompressed pieces of a (multi-frame) zstd stream; raises `_Corrupt` on corrupt or truncated input."
+class _Careful(Exception):
+    "The fast path met a zstd error or a file that does not end at a frame's end: re-read carefully after `.delivered` bytes."
+    def __init__(self, delivered): self.delivered = delivered
+
+_PIECE_MIN, _PIECE_MAX, _NBUF = 1 << 20, 4 << 20, 3
+
+class _FrameWalker:
+    """Follows the frame and block headers of a zstd stream (RFC 8878, section 3.1) over the compressed bytes as
+    they are read, without decompressing: `.complete` is True when the bytes fed so far end exactly where a frame
+    ends. zstandard's stream reader stops silently at the end of a truncated file; this tells the two apart."""
+    __slots__ = ("skip", "need", "hdr", "state", "checksum", "lost")
+
+    def __init__(self):
+        self.skip, self.need, self.hdr, self.state, self.checksum, self.lost = 0, 4, b"", "magic", False, False
+
+    @property
+    def complete(self) -> bool:
+        return not self.lost and self.state == "magic" and not self.skip and not self.hdr
+
+    def feed(self, data) -> None:
+        mv, i = memoryview(data), 0
+        end = len(mv)
+        while not self.lost:
+            if self.skip:                          # a block's content, a checksum, a skippable frame: not looked at
+                t = min(self.skip, end - i); self.skip -= t; i += t
+                if self.skip: return
+            t = min(self.need - len(self.hdr), end - i)
+            self.hdr += mv[i:i + t].tobytes(); i += t
+            if len(self.hdr) < self.need: return
+            h, self.hdr, st = self.hdr, b"", self.state
+            if st == "block":                      # Last_Block (1 bit), Block_Type (2 bits), Block_Size (21 bits)
+                v = int.from_bytes(h, "little"); btype = v >> 1 & 3
+                if btype == 3: self.lost = True; return
+                self.skip = 1 if btype == 1 else v >> 3        # an RLE block's content is one byte
+                if v & 1: self.skip += 4 * self.checksum; self.state, self.need = "magic", 4
+            elif st == "magic":
+                m = int.from_bytes(h, "little")
+                if m == 0xFD2FB528: self.state, self.need = "fhd", 1
+                elif m >> 4 == 0x184D2A5: self.state, self.need = "skippable", 4
+                else: self.lost = True             # not zstd: the decompressor raises, or the careful path decides
+            elif st == "fhd":                      # Frame_Header_Descriptor: which optional header fields follow
+                d = h[0]; single = d >> 5 & 1
+                if d & 8: self.lost = True; return
+                self.checksum = bool(d & 4)
+                self.skip = (1 - single) + (0, 1, 2, 4)[d & 3] + (single, 2, 4, 8)[d >> 6]
+                self.state, self.need = "block", 3
+            else:                                  # a skippable frame: its size, then that many bytes
+                self.skip = int.from_bytes(h, "little"); self.state, self.need = "magic", 4
+
+class _Source:
+    "What zstandard's stream reader reads from: the file, `read_size` bytes at a time, counted and walked."
+    def __init__(self, fh, read_size: int):
+        self.fh, self.read_size, self.offset, self.walker = fh, read_size, 0, _FrameWalker()
+
+    def read(self, n: int = -1) -> bytes:
+        c = self.fh.read(self.read_size)
+        self.offset += len(c); self.walker.feed(c)
+        return c
+
+class _Fast:
+    "Decompresses a (multi-frame) zstd file straight into the caller's buffers (no intermediate bytes objects)."
+    def __init__(self, fh, read_size: int):
+        self.src = _Source(fh, read_size)
+        self.reader = zstandard.ZstdDecompressor().stream_reader(self.src, read_size=read_size, read_across_frames=True)
+        self.delivered = 0
+
+    def fill(self, view) -> int:
+        "Fill `view`, short only at the end (0: done). Raises `_Careful` on a zstd error or a stream cut inside a frame."
+        try: n = self.reader.readinto(view)
+        except zstandard.ZstdError: raise _Careful(self.delivered) from None
+        if n == 0 and not self.src.walker.complete: raise _Careful(self.delivered)
+        self.delivered += n
+        return n
+
+def _zstd_chunks(fh, stats: ReadStats, read_size: int = 1 << 16, skip: int = 0) -> Iterator[bytes]:
+    """The careful path: decompressed pieces of a (multi-frame) zstd stream after its first `skip` bytes, from frame
+    to frame; raises `_Corrupt` (compressed offset to within `read_size`) on corrupt or truncated input."""
     dctx = zstandard.ZstdDecompressor()
     new = lambda: dctx.decompressobj(write_size=1 << 20)
     dobj, in_frame = new(), False
@@ -148,6 +230,7 @@ def _zstd_chunks(fh, stats: ReadStats, read_size: int = 1 << 18) -> Iterator[byt
             in_frame = True
             try: out = dobj.decompress(c)
             except zstandard.ZstdError as e: raise _Corrupt(stats.compressed_bytes, str(e)) from None
+            if skip and out: k = min(skip, len(out)); skip -= k; out = out[k:]
             if out:
                 stats.uncompressed_bytes += len(out)
                 yield out
@@ -156,31 +239,52 @@ def _zstd_chunks(fh, stats: ReadStats, read_size: int = 1 << 18) -> Iterator[byt
             else: c = b""
     if in_frame: raise _Corrupt(stats.compressed_bytes, "the file ends inside a zstd frame: truncated")
 
-_DONE = object()
+def _piece_size(k: int) -> int: return min(_PIECE_MAX, _PIECE_MIN << k)   # 1, 2, 4, 4, ... MB: the first piece comes soon
 
-def _prefetch(gen: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
-    "Run `gen` in a background thread (zstd releases the GIL), `depth` items ahead; exceptions are re-raised here in order."
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
+def _inline(fill) -> Iterator[tuple]:
+    "Pieces `(buffer, nbytes)` filled in this thread; the buffer is refilled when the consumer asks for the next piece."
+    buf, k = bytearray(0), 0
+    while True:
+        size = _piece_size(k); k += 1
+        if len(buf) < size: buf = bytearray(size)
+        with memoryview(buf) as v: n = fill(v[:size])
+        if not n: return
+        yield buf, n
+
+def _threaded(fill, nbuf: int = _NBUF) -> Iterator[tuple]:
+    """Pieces `(buffer, nbytes)` filled by a background thread up to `nbuf` pieces ahead; a buffer goes back to the
+    thread when the consumer asks for the piece after it. zstandard releases the GIL while it decompresses, so
+    filling overlaps parsing. Getting the GIL back costs the filling thread up to the switch interval (5 ms) while the
+    consumer parses, once a piece, which asks for large pieces; pieces that stay in the CPU's cache between
+    decompression and parsing ask for small ones: 4 MB pieces were the fastest of 2-16 MB on the course's machine.
+    Exceptions reach the consumer in order."""
+    ready, free = queue.SimpleQueue(), queue.SimpleQueue()
+    for _ in range(nbuf): free.put(bytearray(0))
+    stop = False
     def work():
+        k = 0
         try:
-            for item in gen:
-                while not stop.is_set():
-                    try: q.put(item, timeout=0.1); break
-                    except queue.Full: pass
-                if stop.is_set(): return
-            q.put(_DONE)
-        except BaseException as e: q.put(e)
-    t = threading.Thread(target=work, daemon=True, name="zstd-prefetch")
+            while True:
+                buf = free.get()
+                if stop or buf is None: return
+                size = _piece_size(k); k += 1
+                if len(buf) < size: buf = bytearray(size)
+                with memoryview(buf) as v: n = fill(v[:size])
+                ready.put((buf, n))
+                if not n: return
+        except BaseException as e: ready.put(e)
+    t = threading.Thread(target=work, daemon=True, name="zstd-fill")
     t.start()
     try:
         while True:
-            item = q.get()
-            if item is _DONE: return
+            item = ready.get()
             if isinstance(item, BaseException): raise item
+            if not item[1]: return
             yield item
+            free.put(item[0])
     finally:
-        stop.set()
+        stop = True
+        free.put(None)
         t.join(timeout=5)
 
 def _bad(stats: ReadStats, strict: bool, line_no: int, kind: str, reason: str):
@@ -188,36 +292,65 @@ def _bad(stats: ReadStats, strict: bool, line_no: int, kind: str, reason: str):
     setattr(stats, kind, getattr(stats, kind) + 1)
     if len(stats.errors) < 20: stats.errors.append((line_no, reason))
 
-def _parse_lines(lines: list[bytes], first_line: int, stats: ReadStats, strict: bool) -> Iterator[dict]:
-    n = first_line
-    for line in lines:
-        n += 1
-        try: obj = _loads(line)
-        except (_JSONError, ValueError) as e:
-            if not line.strip(): stats.blank += 1; continue
-            try: line.decode("utf-8")
-            except UnicodeDecodeError as u:
-                _bad(stats, strict, n, "bad_utf8", f"invalid UTF-8 at byte {u.start} of the line"); continue
-            _bad(stats, strict, n, "bad_json", f"invalid JSON ({e})"); continue
-        t = obj.get("text") if type(obj) is dict else None
-        if type(t) is not str:
-            what = ("no 'text' field" if type(obj) is dict and "text" not in obj else
-                    f"'text' is {type(t).__name__}, not str" if type(obj) is dict else f"a JSON {type(obj).__name__}, not an object")
-            _bad(stats, strict, n, "bad_text", f"record has {what}"); continue
-        stats.records += 1
-        yield obj
+def _unparsable(line: bytes, line_no: int, stats: ReadStats, strict: bool, err) -> None:
+    if not line.strip(): stats.blank += 1; return
+    try: line.decode("utf-8")
+    except UnicodeDecodeError as u: return _bad(stats, strict, line_no, "bad_utf8", f"invalid UTF-8 at byte {u.start} of the line")
+    _bad(stats, strict, line_no, "bad_json", f"invalid JSON ({err})")
+
+def _not_a_record(obj, line_no: int, stats: ReadStats, strict: bool) -> None:
+    t = obj.get("text") if type(obj) is dict else None
+    what = ("no 'text' field" if type(obj) is dict and "text" not in obj else
+            f"'text' is {type(t).__name__}, not str" if type(obj) is dict else f"a JSON {type(obj).__name__}, not an object")
+    _bad(stats, strict, line_no, "bad_text", f"record has {what}")
+
+def _records(pieces: Iterable[tuple], stats: ReadStats, strict: bool) -> Iterator[dict]:
+    """Records from pieces `(buffer, nbytes)` of JSON lines. A line is decoded in place (a memoryview slice of the
+    piece: no copy); only a line cut by the end of a piece is copied and joined with its continuation."""
+    loads, tail, line_no = _loads, [], stats.lines
+    for buf, n in pieces:
+        find, mv, pos = buf.find, memoryview(buf), 0
+        if tail:
+            nl = find(b"\n", 0, n)
+            if nl < 0: tail.append(mv[:n].tobytes()); continue
+            tail.append(mv[:nl].tobytes()); line = b"".join(tail); tail = []
+            line_no += 1; pos = nl + 1
+            try: obj = loads(line)
+            except ValueError as e: _unparsable(line, line_no, stats, strict, e)
+            else:
+                if type(obj) is dict and type(obj.get("text")) is str: stats.records += 1; stats.lines = line_no; yield obj
+                else: _not_a_record(obj, line_no, stats, strict)
+        while (nl := find(b"\n", pos, n)) >= 0:
+            line_no += 1
+            if nl == pos: stats.blank += 1; pos += 1; continue
+            try: obj = loads(mv[pos:nl])
+            except ValueError as e: _unparsable(mv[pos:nl].tobytes(), line_no, stats, strict, e)
+            else:
+                if type(obj) is dict and type(obj.get("text")) is str: stats.records += 1; stats.lines = line_no; yield obj
+                else: _not_a_record(obj, line_no, stats, strict)
+            pos = nl + 1
+        if pos < n: tail.append(mv[pos:n].tobytes())
+        stats.lines = line_no
+    if tail:   # a last line without a newline is a line
+        line = b"".join(tail); line_no += 1; stats.lines = line_no
+        try: obj = loads(line)
+        except ValueError as e: _unparsable(line, line_no, stats, strict, e)
+        else:
+            if type(obj) is dict and type(obj.get("text")) is str: stats.records += 1; yield obj
+            else: _not_a_record(obj, line_no, stats, strict)
 
 def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
-                   threaded: bool = True, read_size: int = 1 << 18) -> Iterator[dict]:
+                   threaded: bool = True, read_size: int = 1 << 22) -> Iterator[dict]:
     """Stream the records of a Pile-format `.jsonl.zst` (or plain `.jsonl`) file as dicts `{'text': str, 'meta': ...}`.
 
-    Memory is bounded (a few decompressed pieces of `read_size` compressed bytes) whatever the file size.
-    `errors`: 'strict' raises `PileFormatError` with the line number for a line that is not JSON, not UTF-8,
-    or has no str `text`; 'skip' skips it and counts it in `stats` (a `ReadStats` you pass in). Blank lines are
-    skipped in both modes. A corrupt or truncated zstd stream raises `CorruptStreamError` (file, compressed byte
-    offset, good records before it) in both modes, after yielding every complete record before it.
-    `threaded`: decompress in a background thread, overlapping with parsing. An empty (0-byte) file has no
-    records. Mirrors `lm_dataformat.Reader.read_jsonl_zst` (same records, same order)."""
+    Memory is bounded whatever the file size: three decompressed pieces of at most 4 MB (one with `threaded=False`)
+    and `read_size` compressed bytes (read at a time). `errors`: 'strict' raises `PileFormatError` with the 1-based
+    line number for a line that is not JSON, not UTF-8, or has no str `text`; 'skip' skips it and counts it in
+    `stats` (a `ReadStats` you pass in). Blank lines are skipped in both modes. A corrupt or truncated zstd stream
+    raises `CorruptStreamError` (file, compressed byte offset to within 64 KB, good records before it) in both modes,
+    after yielding every complete record before it. `threaded`: decompress in a background thread, overlapping with
+    parsing. An empty (0-byte) file has no records. JSON is decoded by msgspec (orjson, then json, if it is missing).
+    Mirrors `lm_dataformat.Reader.read_jsonl_zst` (same records, same order)."""
     if errors not in ("strict", "skip"): raise ValueError(f"errors must be 'strict' or 'skip', got {errors!r}")
     strict = errors == "strict"
     path = Path(path)
@@ -225,25 +358,24 @@ def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadS
     stats = stats if stats is not None else ReadStats()
     stats.path = str(path)
     with open(path, "rb") as fh:
-        if path.suffix == ".zst": chunks = _zstd_chunks(fh, stats, read_size)
-        else: chunks = iter(lambda: fh.read(read_size), b"")
-        if threaded: chunks = _prefetch(chunks)
-        tail: list[bytes] = []
-        try:
-            for chunk in chunks:
-                if not path.suffix == ".zst": stats.uncompressed_bytes += len(chunk)
-                if b"\n" not in chunk: tail.append(chunk); continue
-                lines = chunk.split(b"\n")
-                if tail: lines[0] = b"".join(tail) + lines[0]
-                last = lines.pop()
-                tail = [last] if last else []
-                yield from _parse_lines(lines, stats.lines, stats, strict)
-                stats.lines += len(lines)
-        except _Corrupt as e:
-            raise CorruptStreamError(path, e.offset, stats.records, e.reason) from None
-        if tail:   # a last line without a newline is a line
-            yield from _parse_lines([b"".join(tail)], stats.lines, stats, strict)
-            stats.lines += 1
+        def zst_pieces():
+            fast = _Fast(fh, read_size)
+            try:
+                for buf, n in (_threaded if threaded else _inline)(fast.fill):
+                    stats.compressed_bytes = fast.src.offset; stats.uncompressed_bytes += n
+                    yield buf, n
+            except _Careful as c:   # a zstd error, or the file does not end where a frame ends: find out where, precisely
+                stats.compressed_bytes = 0
+                with open(path, "rb") as fh2:
+                    for out in _zstd_chunks(fh2, stats, min(read_size, 1 << 16), skip=c.delivered): yield out, len(out)
+        def plain_pieces():
+            for buf, n in _inline(fh.readinto):
+                stats.uncompressed_bytes += n
+                yield buf, n
+        pieces = zst_pieces() if path.suffix == ".zst" else plain_pieces()
+        try: yield from _records(pieces, stats, strict)
+        except _Corrupt as e: raise CorruptStreamError(path, e.offset, stats.records, e.reason) from None
+        finally: pieces.close()   # stops the filling thread before the file closes
 
 # %% ../nbs/60_pile_format.ipynb #3146dede
 def pile_set_name(record: dict, default: str = "unknown") -> str:
@@ -267,7 +399,8 @@ def count_subsets(records: Iterable[dict]) -> dict[str, SubsetCount]:
     out: dict[str, SubsetCount] = {}
     for r in records:
         c = out.setdefault(pile_set_name(r), SubsetCount())
-        c.docs += 1; c.bytes += len(r["text"].encode("utf-8"))
+        t = r["text"]   # an ASCII str's length is its UTF-8 length (isascii() is O(1)): no encoding needed
+        c.docs += 1; c.bytes += len(t) if t.isascii() else len(t.encode("utf-8"))
     return out
 
 def merge_counts(*counts: dict[str, SubsetCount]) -> dict[str, SubsetCount]:
@@ -377,6 +510,7 @@ def build_mini_pile(out_dir: str | os.PathLike, max_mb_per_subset: float = 4.0, 
     """Write the mini-Pile to `out_dir/{train,val,test}.jsonl.zst` (the Pile's own file names for val/test) and
     `out_dir/manifest.json` (per split and subset: docs and bytes). Deterministic for a given machine.
     Returns `{split: path}`. Split by `split_of(text)`. Raises `RuntimeError` if no text source was found."""
+    from course_lib.core import atomic_write
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     tmp = {s: out_dir/f".{s}.jsonl" for s in SPLITS}
     counts = {s: {} for s in SPLITS}
@@ -403,6 +537,7 @@ def build_mini_pile(out_dir: str | os.PathLike, max_mb_per_subset: float = 4.0, 
 def mini_pile(max_mb_per_subset: float = 4.0, max_doc_kb: float = 256, rebuild: bool = False) -> dict[str, Path]:
     "The mini-Pile from the course cache (`cache_dir('pile', ...)`, keyed by its settings), built once under a file lock."
     from filelock import FileLock
+    from course_lib.core import cache_dir
     key = f"mini-pile-{max_mb_per_subset:g}mb-{max_doc_kb:g}kb"
     d = cache_dir("pile", key)
     with FileLock(str(d) + ".lock"):
@@ -414,18 +549,20 @@ def mini_pile(max_mb_per_subset: float = 4.0, max_doc_kb: float = 256, rebuild: 
 # %% ../nbs/60_pile_format.ipynb #08dd4d3e
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".tex", ".html", ".json", ".csv", ".c", ".h", ".js", ".java", ".go", ".rs")
 
-def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None) -> Iterator[dict]:
+def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
+                threaded: bool = True) -> Iterator[dict]:
     """Records from `path`: a `.jsonl.zst` or `.jsonl` file, a folder holding such files (read in sorted order),
     or a folder of text files (`TEXT_SUFFIXES`; each file is a document whose `pile_set_name` is its top-level
-    sub-folder, or the folder's own name). Raises `FileNotFoundError` for a missing path or an empty folder."""
+    sub-folder, or the folder's own name). `errors`, `stats`, `threaded`: as in `read_jsonl_zst`.
+    Raises `FileNotFoundError` for a missing path or an empty folder."""
     path = Path(path)
     if path.is_file():
-        if path.name.endswith((".jsonl.zst", ".jsonl")): yield from read_jsonl_zst(path, errors, stats); return
+        if path.name.endswith((".jsonl.zst", ".jsonl")): yield from read_jsonl_zst(path, errors, stats, threaded); return
         raise ValueError(f"{path}: expected a .jsonl.zst or .jsonl file, or a folder of text files")
     if not path.is_dir(): raise FileNotFoundError(f"no such file or folder: {path}")
     shards = sorted(p for p in path.rglob("*") if p.name.endswith((".jsonl.zst", ".jsonl")) and not p.name.startswith("."))
     if shards:
-        for p in shards: yield from read_jsonl_zst(p, errors, stats)
+        for p in shards: yield from read_jsonl_zst(p, errors, stats, threaded)
         return
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
     if not files: raise FileNotFoundError(f"{path} holds no .jsonl.zst/.jsonl files and no text files ({', '.join(TEXT_SUFFIXES)})")
@@ -439,10 +576,19 @@ def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStat
         yield {"text": text, "meta": {"pile_set_name": name, "source": rel.as_posix()}}
 
 # %% ../nbs/60_pile_format.ipynb #59b7cc10
-def _stats_one(path: str, errors: str) -> tuple[dict, dict]:
+def _stats_one(path: str, errors: str, threaded: bool = True) -> tuple[dict, dict]:
     st = ReadStats()
-    counts = count_subsets(load_corpus(path, errors, st))
+    counts = count_subsets(load_corpus(path, errors, st, threaded=threaded))
     return {k: asdict(v) for k, v in counts.items()}, {"lines": st.lines, "skipped": st.skipped, "blank": st.blank}
+
+def _stats_tasks(paths: list[str]) -> list[str]:
+    "One task a shard: a folder of .jsonl.zst/.jsonl shards becomes its shards (a folder of text files stays one task)."
+    out = []
+    for f in paths:
+        p = Path(f)
+        shards = sorted(q for q in p.rglob("*") if q.name.endswith((".jsonl.zst", ".jsonl")) and not q.name.startswith(".")) if p.is_dir() else []
+        out += [str(q) for q in shards] or [f]
+    return out
 
 def pile_main(argv: list[str]) -> int:
     "`course pile stats FILE... [--json] [--errors skip] [--processes N]` | `course pile build-mini OUT [--max-mb N]`. Returns the exit code."
@@ -452,7 +598,7 @@ def pile_main(argv: list[str]) -> int:
     s.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--errors", choices=("strict", "skip"), default="strict")
-    s.add_argument("--processes", type=int, default=1, help="read several files in parallel processes")
+    s.add_argument("--processes", type=int, default=1, help="read several files (or a folder's shards) in parallel processes")
     b = sub.add_parser("build-mini", help="write the mini-Pile (train/val/test .jsonl.zst) into OUT")
     b.add_argument("out")
     b.add_argument("--max-mb", type=float, default=4.0, help="MB of text per subset (default 4)")
@@ -468,12 +614,17 @@ def pile_main(argv: list[str]) -> int:
     missing = [f for f in a.files if not Path(f).exists()]
     if missing: print(f"course pile stats: no such file or folder: {', '.join(missing)}", file=sys.stderr); return 2
     if a.processes < 1: print(f"course pile stats: --processes must be >= 1, got {a.processes}", file=sys.stderr); return 2
+    tasks = _stats_tasks(a.files)
     try:
-        if a.processes > 1 and len(a.files) > 1:
+        if a.processes > 1 and len(tasks) > 1:
+            # largest shards first, so that no process is left with a big one at the end; one thread a process
+            # (the processes already use the cores); results are a few small dicts, cheap to send back
             from concurrent.futures import ProcessPoolExecutor
-            with ProcessPoolExecutor(min(a.processes, len(a.files))) as ex:
-                parts = list(ex.map(_stats_one, a.files, [a.errors] * len(a.files)))
-        else: parts = [_stats_one(f, a.errors) for f in a.files]
+            order = sorted(range(len(tasks)), key=lambda i: -Path(tasks[i]).stat().st_size if Path(tasks[i]).is_file() else 0)
+            with ProcessPoolExecutor(min(a.processes, len(tasks))) as ex:
+                futs = {i: ex.submit(_stats_one, tasks[i], a.errors, False) for i in order}
+                parts = [futs[i].result() for i in range(len(tasks))]
+        else: parts = [_stats_one(f, a.errors) for f in tasks]
     except (PileFormatError, ValueError, FileNotFoundError) as e:
         print(f"course pile stats: {e}", file=sys.stderr); return 1
     counts = merge_counts(*[{k: SubsetCount(**v) for k, v in c.items()} for c, _ in parts])

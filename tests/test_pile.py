@@ -192,6 +192,65 @@ def test_errors_argument():
         next(read_jsonl_zst("x.jsonl.zst", errors="ignore"))
 
 
+def _frames_of_every_kind():
+    "zstd frames with every header and block variant (RFC 8878): what the fast path's frame walker must follow."
+    recs = [json.dumps({"text": f"doc {i} " + "ab" * (i % 50), "meta": {"i": i}}).encode() + b"\n" for i in range(90)]
+    rnd = random.Random(0)
+    noise = json.dumps({"text": "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz0123456789 ") for _ in range(2000))}).encode() + b"\n"
+    cobj = zstandard.ZstdCompressor(level=3, write_content_size=False).compressobj()
+    return [zstandard.ZstdCompressor(level=3).compress(b"".join(recs[:30])),                        # content size, single segment
+            zstandard.ZstdCompressor(level=1, write_checksum=True).compress(b"".join(recs[30:60])),  # content checksum
+            cobj.compress(b"".join(recs[60:])) + cobj.flush(),                                       # streaming: no content size
+            zstandard.ZstdCompressor().compress(b""),                                                # an empty frame
+            zstandard.ZstdCompressor(level=3).compress(b'{"text": "' + b"z" * 300_000 + b'"}\n'),   # RLE blocks
+            zstandard.ZstdCompressor(level=-5).compress(noise),                                      # a raw block
+            b"\x50\x2a\x4d\x18" + (7).to_bytes(4, "little") + b"skipped"]                            # a skippable frame
+
+
+def test_complete_files_take_the_fast_path(tmp_path, monkeypatch):
+    import course_lib.pile as P
+    frames = _frames_of_every_kind()
+    full = zstandard.ZstdDecompressor().stream_reader(b"".join(frames), read_across_frames=True).read()
+    want = [json.loads(l) for l in full.split(b"\n") if l.strip()]
+    (tmp_path / "all.jsonl.zst").write_bytes(b"".join(frames))
+    def careful(*a, **k): raise AssertionError("the careful path ran on a complete file")
+    monkeypatch.setattr(P, "_zstd_chunks", careful)
+    for threaded in (True, False):
+        for read_size in (1, 13, 1 << 24):
+            assert list(read_jsonl_zst(tmp_path / "all.jsonl.zst", threaded=threaded, read_size=read_size)) == want
+    rnd = random.Random(1)                                       # many reads and pieces, lines cut across them
+    recs = [{"text": rnd.randbytes(300).hex()} for i in range(1000)]
+    write_jsonl_zst(tmp_path / "w.jsonl.zst", recs, level=1)
+    assert (tmp_path / "w.jsonl.zst").stat().st_size > 200_000
+    for threaded in (True, False):
+        assert [r["text"] for r in read_jsonl_zst(tmp_path / "w.jsonl.zst", threaded=threaded, read_size=5000)] == [r["text"] for r in recs]
+
+
+def test_a_cut_anywhere_is_found(tmp_path):
+    "A file cut inside a frame raises, with every record before the cut; a file cut at a frame boundary is a shorter valid file."
+    frames = _frames_of_every_kind()
+    data, bounds = b"".join(frames), {0}
+    for f in frames: bounds.add(len(b"".join(frames[:frames.index(f) + 1])))
+    full = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
+    cuts = sorted(set(range(0, len(data), 23)) | {b + d for b in bounds for d in (-2, -1, 0, 1, 2)} - {-1, -2, len(data) + 1, len(data) + 2})
+    for i, cut in enumerate(cuts):
+        (tmp_path / "c.jsonl.zst").write_bytes(data[:cut])
+        got = []
+        try:
+            for r in read_jsonl_zst(tmp_path / "c.jsonl.zst", threaded=i % 4 == 0, read_size=(1 << 24) if i % 2 else 1 + i % 50):
+                got.append(r)
+        except CorruptStreamError as e:
+            assert cut not in bounds and e.good_records == len(got) and 0 < e.offset <= cut, cut
+        else: assert cut in bounds, cut
+        assert [r["text"] for r in got] == [json.loads(l)["text"] for l in full.split(b"\n") if l.strip()][:len(got)]
+
+
+def test_big_integers_are_exact(tmp_path):
+    line = b'{"text": "a", "meta": {"id": 123456789012345678901234567890, "x": 1.5}}\n'
+    p = lines_zst(tmp_path / "i.jsonl.zst", line)
+    assert list(read_jsonl_zst(p)) == [json.loads(line)]   # as json (and lm_dataformat) read it
+
+
 # ---- subsets, splits, the mini-Pile, folders -------------------------------------------------------------------
 
 def test_counts_and_filter():
@@ -254,6 +313,14 @@ def test_cli_stats(tmp_path, capsys):
     assert pile_main(["stats", str(tmp_path / "d.jsonl.zst")]) == 1 and "line 2" in capsys.readouterr().err
     assert pile_main(["stats", "--errors", "skip", str(tmp_path / "d.jsonl.zst")]) == 0
     assert "1 bad lines skipped" in capsys.readouterr().out
+
+
+def test_cli_stats_processes(tmp_path, capsys):
+    for i in range(5): write_jsonl_zst(tmp_path / "pile" / f"{i:02d}.jsonl.zst", RECORDS * (i + 1))
+    assert pile_main(["stats", str(tmp_path / "pile"), "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert pile_main(["stats", str(tmp_path / "pile"), "--json", "--processes", "2"]) == 0
+    assert json.loads(capsys.readouterr().out) == one and one["subsets"][-1]["docs"] == 4 * 15
 
 
 def test_cli_build_mini(tmp_path, capsys):
