@@ -10,7 +10,8 @@
    - `course_lib.pile.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
    - `lm_dataformat.Reader.stream_data` (the Pile's own reader), and a naive orjson line loop.
 2. The same data in several shards of equal size, read by `course pile stats --processes N` (in this process, so
-   `pile_main` with the pool it starts): scaling, against one process reading them one after another.
+   `pile_main` with the pool it starts): scaling, against one process reading them one after another; and, for
+   reference, the machine's own scaling on the same shards (N processes decompressing into nothing).
 3. BPB evaluation tokens/s of `course_lib.bpb.bpb` (windows batched) against one window at a time.
 Ratios are against baselines measured in the same run. Nothing is downloaded."""
 import argparse, contextlib, io, json, os, sys, sysconfig, tempfile, time
@@ -163,7 +164,17 @@ def main(argv=None):
             assert docs == n_rec, (docs, n_rec)
             rows.append({"processes": f"{np_}, course pile stats --processes {np_}" + (" (threaded reader)" if np_ == 1 else ""),
                          "MB/s": size / 1e6 / t, "speed-up": t1 / t, "efficiency": t1 / t / np_})
-        print(f"\n2. {a.shards} shards of {size / a.shards / 1e6:.0f} MB, course pile stats"); print(format_table(rows))
+        # the machine's own scaling, for reference: the same shards decompressed into nothing by N processes
+        tp1, _ = best(lambda: [plain(s) for s in shards], a.repeat)
+        rows.append({"processes": "1, plain decompression only (reference)", "MB/s": size / 1e6 / tp1, "speed-up": 1.0, "efficiency": 1.0})
+        for np_ in [n for n in a.processes if n > 1]:
+            def run_plain():
+                with ProcessPoolExecutor(np_) as ex: return list(ex.map(plain, shards))
+            t, _ = best(run_plain, a.repeat)
+            rows.append({"processes": f"{np_}, plain decompression only (reference)", "MB/s": size / 1e6 / t,
+                         "speed-up": tp1 / t, "efficiency": tp1 / t / np_})
+        print(f"\n2. {a.shards} shards of {size / a.shards / 1e6:.0f} MB, course pile stats (speed-ups against the first row "
+              f"of each kind)"); print(format_table(rows))
         for np_ in [n for n in a.processes if n > 1]:
             t, _ = best(lambda: pool_startup(np_), a.repeat)
             print(f"   starting and stopping a pool of {np_} worker processes alone: {t * 1000:.0f} ms")
