@@ -1,6 +1,7 @@
 """LoRA against full fine-tuning of unit 4's base UNet: trainable parameters, file size, training state, peak
-memory (RSS of a fresh process, or CUDA peak) and seconds per step, with ratios to full fine-tuning measured in the
-same run. The base weights are random (timing and memory do not depend on them).
+memory (the tensors of one training step measured by `course_lib.lora_train.PeakMemory` plus the weights, as in
+notebook 42; and the peak RSS of a fresh process, or the CUDA peak on a GPU) and seconds per step, with ratios to
+full fine-tuning measured in the same run. The base weights are random (timing and memory do not depend on them).
 
     python benchmarks/lora.py [--steps 20] [--batch-size 16] [--rank 8]
 """
@@ -10,7 +11,7 @@ import argparse, json, os, resource, subprocess, sys, time
 def one(mode: str, steps: int, batch_size: int, rank: int) -> dict:
     import copy, torch
     from course_lib.ddpm import make_unet
-    from course_lib.lora_train import base_config, add_lora, LORA_TARGETS, adapter_file_bytes
+    from course_lib.lora_train import base_config, add_lora, LORA_TARGETS, adapter_file_bytes, PeakMemory
     from course_lib.core import get_device
     dev = get_device()
     cfg = base_config(1)
@@ -25,6 +26,10 @@ def one(mode: str, steps: int, batch_size: int, rank: int) -> dict:
     y = torch.randint(0, 9, (batch_size,), device=dev)
     t = torch.randint(0, 1000, (batch_size,), device=dev)
     if dev.type == "cuda": torch.cuda.reset_peak_memory_stats()
+    weights = sum(p.numel() * p.element_size() for p in unet.parameters())
+    with PeakMemory() as pm:                                   # one step, tracked (slow: not timed)
+        loss = (unet(x, t, class_labels=y).sample - x).pow(2).mean()
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
     for i in range(steps + 3):
         if i == 3: t0 = time.perf_counter()
         loss = (unet(x, t, class_labels=y).sample - x).pow(2).mean()
@@ -35,7 +40,8 @@ def one(mode: str, steps: int, batch_size: int, rank: int) -> dict:
     state += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim)
     peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"mode": mode, "trainable": sum(p.numel() for p in params), "base": base_n, "s_per_step": sps,
-            "file_bytes": adapter_file_bytes(unet, full=mode == "full"), "train_state_bytes": state, "peak_bytes": peak,
+            "file_bytes": adapter_file_bytes(unet, full=mode == "full"), "train_state_bytes": state,
+            "step_peak_bytes": weights + pm.peak, "peak_bytes": peak,
             "device": str(dev)}
 
 
@@ -55,7 +61,9 @@ def main(argv=None) -> int:
     print(f"unit 4 base UNet ({f['base']:,} parameters), batch {a.batch_size}, {a.steps} steps, rank {a.rank}, {f['device']}")
     print(f"{'':<22} {'full':>12} {'LoRA':>12} {'LoRA/full':>10}")
     for k, label, scale in [("trainable", "trainable params", 1), ("file_bytes", "file (KB)", 1024),
-                            ("train_state_bytes", "train state (MB)", 2**20), ("peak_bytes", "peak memory (MB)", 2**20),
+                            ("train_state_bytes", "train state (MB)", 2**20),
+                            ("step_peak_bytes", "peak tensors (MB)", 2**20),
+                            ("peak_bytes", "peak RSS/CUDA (MB)", 2**20),
                             ("s_per_step", "s / step", 1)]:
         print(f"{label:<22} {f[k] / scale:>12.4g} {l[k] / scale:>12.4g} {l[k] / f[k]:>10.3f}")
     return 0

@@ -207,21 +207,22 @@ def remove_adapter(unet: nn.Module, name: str) -> nn.Module:
     return unet
 
 # %% ../nbs/43_lora_export.ipynb #814d8656
-def write_style_folder(folder: str | os.PathLike, n: int = 45, style: str = "bold", seed: int = 0) -> Path:
-    """Write `n` real digits 0-8 (scikit-learn's scans, 8x8, 32-px PNGs) in a `style` — 'bold': each pixel the max of
-    its 2x2 neighbourhood (thicker strokes) — with captions 'a photo of digit {word}'. Returns the folder.
-    Raises `ValueError` for an unknown style."""
+def write_style_folder(folder: str | os.PathLike, n: int = 45, style: str = "bold", seed: int = 0, pixels: int = 32) -> Path:
+    """Write `n` real digits 0-8 (scikit-learn's scans, 8x8, as `pixels`-wide PNGs) in a `style` — 'bold': each pixel
+    the max of its 2x2 neighbourhood (thicker strokes) — with captions 'a photo of digit {word}'. Returns the folder.
+    Raises `ValueError` for an unknown style or `pixels` not in (8, 16, 32)."""
     import numpy as np
     import torch.nn.functional as F
     from PIL import Image
     from course_lib.data import Digits, resize_uint8
     from course_lib.lora_train import DIGIT_WORDS, BASE_CLASSES
     if style != "bold": raise ValueError(f"unknown style {style!r}; available: ['bold']")
+    if pixels not in (8, 16, 32): raise ValueError(f"pixels must be 8, 16 or 32, got {pixels!r}")
     ds = Digits("train", size=8, dtype="uint8", classes=list(BASE_CLASSES))
     idx = np.random.default_rng(seed).permutation(len(ds))[:n]
     x = ds.images[torch.as_tensor(idx)].float()
     x = F.max_pool2d(F.pad(x, (0, 1, 0, 1)), 2, stride=1).to(torch.uint8)        # thicker strokes
-    x = resize_uint8(x, 32)
+    if pixels != 8: x = resize_uint8(x, pixels)
     folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
     for j, (im, y) in enumerate(zip(x, ds.labels[torch.as_tensor(idx)])):
         Image.fromarray(im[0].numpy(), "L").save(folder/f"{style}_{j:03d}.png")
@@ -242,11 +243,13 @@ def train_adapter(base: nn.Module, folder: str | os.PathLike, out: str | os.Path
 def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | None = None, n_images: int = 40,
                           progress: bool = False) -> Path:
     """The adapter file for `kind` ('concept': real nines behind the trigger; 'bold': bold-stroke style) trained on
-    `base` with `config`, from `cache_dir('lora', 'adapters')` or trained there (file lock against concurrent runs)."""
+    `base` with `config`, from `cache_dir('lora', 'adapters')` or trained there (file lock against concurrent runs).
+    The images are written at the base's own resolution (no resampling: see notebook 42)."""
     from filelock import FileLock
     if kind not in ("concept", "bold"): raise ValueError(f"unknown adapter kind {kind!r}; choose 'concept' or 'bold'")
     cfg = config or LoRATrainConfig(adapter_name=kind)
-    key = hashlib.sha1(json.dumps([base_fingerprint(base), kind, n_images, cfg.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    px = base.ddpm_config.image_size
+    key = hashlib.sha1(json.dumps([base_fingerprint(base), kind, n_images, px, cfg.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:12]
     folder = cache_dir("lora", "adapters")
     path = folder/f"{kind}-{key}.safetensors"
     with FileLock(str(folder/f"{kind}-{key}.lock")):
@@ -254,7 +257,8 @@ def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | 
             import tempfile as _tf, shutil as _sh
             tmp = Path(_tf.mkdtemp(prefix="lora_data_"))
             try:
-                data = write_concept_folder(tmp/"nines", n=n_images) if kind == "concept" else write_style_folder(tmp/"bold", n=n_images)
+                data = (write_concept_folder(tmp/"nines", n=n_images, pixels=px) if kind == "concept"
+                        else write_style_folder(tmp/"bold", n=n_images, pixels=px))
                 train_adapter(base, data, path, cfg, trigger=cfg.trigger if kind == "concept" else None, progress=progress)
             finally: _sh.rmtree(tmp, ignore_errors=True)
     return path
@@ -293,7 +297,7 @@ def lora_main(argv: list[str]) -> int:
     t = sub.add_parser("train", help="train an adapter on a folder of images (+ caption .txt files)")
     t.add_argument("folder", type=Path); t.add_argument("out", type=Path)
     t.add_argument("--rank", type=int, default=8); t.add_argument("--alpha", type=float, default=None)
-    t.add_argument("--lr", type=float, default=1e-3); t.add_argument("--steps", type=int, default=600)
+    t.add_argument("--lr", type=float, default=3e-3); t.add_argument("--steps", type=int, default=600)
     t.add_argument("--batch-size", type=int, default=16); t.add_argument("--prior-images", type=int, default=256)
     t.add_argument("--trigger", default=TRIGGER); t.add_argument("--base-steps", type=int, default=1000)
     t.add_argument("--log", type=Path, default=None, help="path stem for the CSV/JSONL metrics")
@@ -302,7 +306,7 @@ def lora_main(argv: list[str]) -> int:
     gp.add_argument("prompt"); gp.add_argument("out", type=Path)
     gp.add_argument("--adapter", action="append", default=[], help="PATH or PATH=WEIGHT (repeatable)")
     gp.add_argument("--n", type=int, default=16); gp.add_argument("--seed", type=int, default=0)
-    gp.add_argument("--steps", type=int, default=50); gp.add_argument("--base-steps", type=int, default=1000)
+    gp.add_argument("--steps", type=int, default=20); gp.add_argument("--base-steps", type=int, default=1000)
     try: a = p.parse_args(argv)
     except SystemExit as e: return int(e.code or 0) and 2
     err = lambda m: (print(f"course lora {a.cmd}: {m}", file=sys.stderr), 2)[1]

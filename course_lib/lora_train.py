@@ -4,7 +4,7 @@
 
 # %% ../nbs/42_lora_training.ipynb #0281cbc5
 from __future__ import annotations
-import copy, csv, io, json, math, os, re, threading, time
+import contextlib, copy, csv, io, json, math, os, re, threading, time, weakref
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Callable, Sequence
@@ -13,6 +13,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from .core import get_device
 from .ddpm import DDPMConfig, diffusion_target, load_pretrained_ddpm, make_scheduler, sample
@@ -20,8 +22,8 @@ from .lora_data import CONCEPT_DIGIT, TRIGGER, ConceptDataset
 
 # %% auto #0
 __all__ = ['BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WORDS', 'BASE_RECIPE', 'LORA_TARGETS', 'base_config', 'load_base',
-           'encode_prompt', 'generate', 'add_lora', 'LoRATrainConfig', 'MetricsLog', 'TrainResult', 'prior_set',
-           'train_lora', 'loss_figure', 'LoRADashboard', 'concept_report', 'adapter_file_bytes']
+           'encode_prompt', 'generate', 'add_lora', 'LoRATrainConfig', 'MetricsLog', 'TrainResult', 'PeakMemory',
+           'prior_set', 'train_lora', 'loss_figure', 'LoRADashboard', 'concept_report', 'adapter_file_bytes']
 
 # %% ../nbs/42_lora_training.ipynb #e1b4475d
 BASE_CLASSES = tuple(range(9))
@@ -58,10 +60,11 @@ def encode_prompt(prompt: str, trigger: str = TRIGGER, trigger_class: int = CONC
 # %% ../nbs/42_lora_training.ipynb #490498aa
 @torch.no_grad()
 def generate(unet: nn.Module, prompts: str | Sequence[str], n: int | None = None, seed: int = 0,
-             num_inference_steps: int = 50, trigger: str = TRIGGER, sampler: str = "ddim") -> torch.Tensor:
+             num_inference_steps: int = 20, trigger: str = TRIGGER, sampler: str = "dpm++") -> torch.Tensor:
     """Images for `prompts` (one prompt repeated `n` times, or one image per prompt) with unit 1's `sample` and a
-    `make_scheduler(sampler)` of the model's `ddpm_config`. Same prompts, seed, steps and adapters give the same
-    images (DDIM with eta=0 is deterministic given x_T, which a `torch.Generator(seed)` draws on the CPU).
+    `make_scheduler(sampler)` of the model's `ddpm_config` (default 'dpm++': DPM-Solver++ 2M SDE with unit 1's
+    recommended settings). Same prompts, seed, steps and adapters give the same images: x_T and the sampler's noise
+    are drawn from one `torch.Generator(seed)` on the CPU.
     Returns `(N, C, H, W)` float32 in [-1, 1]. Raises `ValueError` for a prompt `encode_prompt` cannot read."""
     prompts = [prompts] * (n or 1) if isinstance(prompts, str) else list(prompts)
     labels = [encode_prompt(p, trigger) for p in prompts]
@@ -100,7 +103,7 @@ class LoRATrainConfig:
     (no adapter); `grad_clip`: max global norm; `seed`."""
     rank: int = 8
     alpha: float = 8.0
-    lr: float = 1e-3
+    lr: float = 3e-3
     steps: int = 600
     batch_size: int = 16
     preview_every: int = 200
@@ -153,7 +156,7 @@ class TrainResult:
     trainable: int
     total: int                      # parameters of the base model (LoRA weights not counted)
     train_state_bytes: int          # trainable params + their grads + AdamW moments
-    peak_memory_bytes: int | None   # torch.cuda.max_memory_allocated on a GPU, else None
+    peak_memory_bytes: int          # weights + peak tensor memory of the first step (`PeakMemory`; on a GPU the CUDA peak)
     config: dict
 
 def _training_state_bytes(model: nn.Module, opt) -> int:
@@ -162,13 +165,39 @@ def _training_state_bytes(model: nn.Module, opt) -> int:
         n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v) and v.ndim > 0)
     return n
 
+class PeakMemory(TorchDispatchMode):
+    """Measure the tensor memory allocated inside a `with PeakMemory() as pm:` block: `pm.live` is the bytes of the
+    storages created there and still alive, `pm.peak` their maximum (activations saved for backward, gradients,
+    optimizer state, temporaries). Storages that existed before (the model's weights) are not counted: add them.
+    Every tensor operation passes through this `TorchDispatchMode`, so it is slow: measure a step, not a run.
+    Works on any device (on a CPU, where `torch.cuda.max_memory_allocated` has no equivalent); views share their
+    storage and count once."""
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self._refs = 0, 0, {}
+    def _track(self, t: torch.Tensor):
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._refs or st.device.type == "meta": return
+        n = st.nbytes()
+        self.live += n; self.peak = max(self.peak, self.live)
+        def freed(_, key=key, n=n):
+            self.live -= n; self._refs.pop(key, None)
+        self._refs[key] = weakref.ref(st, freed)       # the storage's Python object lives exactly as long as the storage
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor): self._track(t)
+        return out
+
 @torch.no_grad()
 def prior_set(base: nn.Module, n: int, classes: Sequence[int] = BASE_CLASSES, seed: int = 0,
-              num_inference_steps: int = 25) -> tuple[torch.Tensor, torch.Tensor]:
-    "`n` base-model samples `(n, C, H, W)` in [-1, 1] of `classes` (cycled) and their labels `(n,)`: DreamBooth's class images."
+              num_inference_steps: int = 20, sampler: str = "dpm++") -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` base-model samples `(n, C, H, W)` in [-1, 1] of `classes` (cycled) and their labels `(n,)`: DreamBooth's
+    class images, drawn with `make_scheduler(sampler)` (a poor sampler here teaches the adapter poor digits)."""
     y = torch.tensor([classes[i % len(classes)] for i in range(n)])
     g = torch.Generator().manual_seed(seed)
-    x = sample(base, make_scheduler("ddim", base.ddpm_config), n, num_inference_steps, generator=g, class_labels=y)[1]
+    x = sample(base, make_scheduler(sampler, base.ddpm_config), n, num_inference_steps, generator=g, class_labels=y)[1]
     return x, y
 
 def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig | None = None,
@@ -183,7 +212,8 @@ def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig
     every `preview_every` steps, else None); `stop_event.set()` stops after the current step (the dashboard's stop
     button); `log`: a path stem for `{log}.csv` and `{log}.jsonl`; `prior`: the prior-preservation set
     (default `prior_set(unet, config.prior_images)` drawn before the adapter is added).
-    Returns a `TrainResult`. Raises `ValueError` when the dataset's image size differs from the model's, or a
+    The first step runs under `PeakMemory` (peak memory on any device); `s_per_step` is the time of the training
+    steps alone (the second step on; previews and callbacks excluded). Returns a `TrainResult`. Raises `ValueError` when the dataset's image size differs from the model's, or a
     caption names nothing the model knows; `FloatingPointError` on a NaN loss."""
     from accelerate import Accelerator
     from tqdm.auto import tqdm
@@ -207,7 +237,9 @@ def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig
     logger = MetricsLog(log)
     if acc.device.type == "cuda": torch.cuda.reset_peak_memory_stats()
     model.train()
-    previews, stopped, t0 = [], False, time.time()
+    previews, stopped, t0, t_steps = [], False, time.time(), 0.0
+    weights = sum(p.numel() * p.element_size() for p in unet.parameters())
+    pm = PeakMemory()
     n_tr = sum(p.numel() for p in params)
     n_tot = sum(p.numel() for n, p in unet.named_parameters() if "lora_" not in n)       # the base model's parameters
     def loss_on(x0, y):
@@ -218,20 +250,23 @@ def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig
         return F.mse_loss(out.float(), diffusion_target(schedule, x0, eps, t, dcfg.prediction_type).to(acc.device))
     step = 0
     for step in tqdm(range(cfg.steps), disable=not progress, desc="train_lora" if not cfg.full_finetune else "full fine-tune"):
+        ts = time.time()
         idx = torch.randint(0, len(dataset), (cfg.batch_size,), generator=gen)
         x0 = torch.stack([dataset[int(i)]["x"] for i in idx])               # (B, C, H, W) in [-1, 1], augmented
-        loss_c = loss_on(x0, labels_all[idx % len(dataset.files)])
-        loss = loss_c
-        loss_p = torch.zeros(())
-        if prior is not None and len(prior[0]):
-            j = torch.randint(0, len(prior[0]), (cfg.batch_size,), generator=gen)
-            loss_p = loss_on(prior[0][j], prior[1][j])
-            loss = loss_c + cfg.prior_weight * loss_p
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"train_lora: loss is {loss.item()} at step {step}; lower lr (now {cfg.lr})")
-        acc.backward(loss)
-        if cfg.grad_clip: acc.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step(); opt.zero_grad(set_to_none=True)
+        with pm if step == 0 else contextlib.nullcontext():
+            loss_c = loss_on(x0, labels_all[idx % len(dataset.files)])
+            loss = loss_c
+            loss_p = torch.zeros(())
+            if prior is not None and len(prior[0]):
+                j = torch.randint(0, len(prior[0]), (cfg.batch_size,), generator=gen)
+                loss_p = loss_on(prior[0][j], prior[1][j])
+                loss = loss_c + cfg.prior_weight * loss_p
+            if not math.isfinite(loss.item()):
+                raise FloatingPointError(f"train_lora: loss is {loss.item()} at step {step}; lower lr (now {cfg.lr})")
+            acc.backward(loss)
+            if cfg.grad_clip: acc.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step(); opt.zero_grad(set_to_none=True)
+        if step: t_steps += time.time() - ts
         row = {"step": step + 1, "loss": loss.item(), "concept_loss": loss_c.item(), "prior_loss": loss_p.item(),
                "lr": cfg.lr, "seconds": round(time.time() - t0, 3)}
         logger(row)
@@ -244,10 +279,12 @@ def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig
             previews.append((step + 1, preview))
         if callback is not None: callback(row, preview)
         if stop_event is not None and stop_event.is_set(): stopped = True; break
-    secs = time.time() - t0
+    t2 = time.time()
+    secs, n_done = t2 - t0, len(logger.rows)
     unet = acc.unwrap_model(model).eval()
-    peak = torch.cuda.max_memory_allocated() if acc.device.type == "cuda" else None
-    return TrainResult(logger.rows, previews, stopped, secs, secs / max(len(logger.rows), 1), n_tr, n_tot,
+    peak = torch.cuda.max_memory_allocated() if acc.device.type == "cuda" else weights + pm.peak
+    s_step = t_steps / (n_done - 1) if n_done > 1 else secs
+    return TrainResult(logger.rows, previews, stopped, secs, s_step, n_tr, n_tot,
                        _training_state_bytes(unet, opt), peak, cfg.to_dict())
 
 # %% ../nbs/42_lora_training.ipynb #6f67a441

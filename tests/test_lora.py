@@ -229,6 +229,20 @@ def test_train_lora_only_trains_the_adapter(tiny_base, trained):
     assert len(rows) == 3 and len(csv_lines) == 4 and csv_lines[0].startswith("step,loss")
 
 
+def test_peak_memory_counts_live_storages_once(tiny_base, trained):
+    from course_lib.lora_train import PeakMemory
+    with PeakMemory() as pm:
+        a = torch.zeros(1000)                  # 4000 bytes
+        b = torch.ones(500)                    # 2000 bytes
+        v = a[10:]; v.add_(1)                  # a view and an in-place op: no new storage
+        del a, v                               # freed: 4000 bytes less
+        c = b * 2                              # 2000 bytes
+    assert pm.peak == 6000 and pm.live == 4000
+    model, res, ds, tmp = trained
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert res.peak_memory_bytes > weights and res.s_per_step > 0
+
+
 def test_dashboard_headless_and_bad_size(tiny_base, trained):
     from course_lib.lora_train import LoRADashboard, LoRATrainConfig, train_lora
     _, _, ds, tmp = trained
