@@ -23,7 +23,8 @@ from .vision_transfer import _tensors
 _all_ = ["suggest_models", "check_model_name", "count_params", "count_flops", "model_in_chans", "model_data_config",
          "normalize_images", "digits_task", "source_task", "target_task", "save_model", "checkpoint_info",
          "check_checkpoint", "create_vision_model", "load_finetuned", "STRATEGIES", "FinetuneConfig", "FinetuneResult",
-         "random_shift", "layer_groups", "evaluate", "finetune", "pretrained_source_model"]
+         "random_shift", "layer_groups", "evaluate", "finetune", "SYMMETRIES", "square_symmetries",
+         "label_augmented", "pretrained_source_model"]
 
 # %% auto #0
 __all__ = ['TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy', 'images_per_second', 'choose_batch_size',
@@ -31,8 +32,8 @@ __all__ = ['TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accur
            'finetune_main', 'suggest_models', 'check_model_name', 'count_params', 'count_flops', 'model_in_chans',
            'model_data_config', 'normalize_images', 'digits_task', 'source_task', 'target_task', 'save_model',
            'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned', 'STRATEGIES',
-           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune',
-           'pretrained_source_model']
+           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune', 'SYMMETRIES',
+           'square_symmetries', 'label_augmented', 'pretrained_source_model']
 
 # %% ../nbs/52_inference_export.ipynb #e9cac432
 TTA_MODES = ("none", "flip", "crops", "flip+crops")

@@ -21,9 +21,10 @@ from .data import Digits
 from .vision_registry import check_model_name, model_data_config, model_in_chans, normalize_images
 
 # %% auto #0
-__all__ = ['SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'digits_task', 'source_task', 'target_task', 'save_model',
-           'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned', 'FinetuneConfig',
-           'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune', 'pretrained_source_model']
+__all__ = ['SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task',
+           'save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned',
+           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune',
+           'square_symmetries', 'label_augmented', 'pretrained_source_model']
 
 # %% ../nbs/51_transfer_learning.ipynb #a3cbb52e
 SOURCE_CLASSES = (0, 1, 2, 3, 4)
@@ -305,19 +306,54 @@ def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
     return res
 
 # %% ../nbs/51_transfer_learning.ipynb #9d14cf97
-def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 600, batch_size: int = 32,
-                            lr: float = 2e-3, seed: int = 0, progress: bool = False) -> Path:
+SYMMETRIES = {"none": 1, "rot4": 4, "d4": 8}
+
+def square_symmetries(x: torch.Tensor, kind: str = "d4") -> list[torch.Tensor]:
+    """The images `x` `(N, C, H, W)` (square) under the transforms of `kind`, as a list of tensors of `x`'s shape:
+    'none' `[x]`; 'rot4' the rotations by 0, 90, 180 and 270 degrees; 'd4' those 4 and the same 4 of the mirror
+    image (the dihedral group of the square). Raises `ValueError` for another `kind`."""
+    if kind not in SYMMETRIES: raise ValueError(f"unknown symmetries {kind!r}; choose one of {list(SYMMETRIES)}")
+    views = [torch.rot90(x, k, (2, 3)) for k in range(4 if kind != "none" else 1)]
+    if kind == "d4": views += [torch.rot90(x.flip(-1), k, (2, 3)) for k in range(4)]
+    return views
+
+def label_augmented(ds, kind: str = "d4") -> TensorDataset:
+    """Self-supervised label augmentation (Lee, Hwang & Shin, ICML 2020): every image of `ds` under each of the K
+    transforms of `square_symmetries(kind)`, labelled with the joint class `y * K + k`. Returns a `TensorDataset`
+    of `x` `(K * N, C, H, W)` float32 and `y` `(K * N,)` int64 in `0..K * num_classes - 1`, transform-major."""
+    x, y = _tensors(ds)
+    views = square_symmetries(x, kind)
+    K = len(views)
+    return TensorDataset(torch.cat(views), torch.cat([y * K + k for k in range(K)]))
+
+@torch.no_grad()
+def _upright_accuracy(model: nn.Module, ds, K: int) -> float:
+    "Accuracy on the plain images of `ds` of a model trained on `label_augmented` labels: argmax over the K=0 columns."
+    model.eval()
+    xs, ys = _tensors(ds)
+    dev, dc = next(model.parameters()).device, model_data_config(model)
+    logits = torch.cat([model(normalize_images(xs[i:i + 256].to(dev), dc)).cpu() for i in range(0, len(ys), 256)])
+    return (logits[:, ::K].argmax(-1) == ys).float().mean().item()
+
+def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 1000, batch_size: int = 32,
+                            lr: float = 2e-3, seed: int = 0, label_augment: str = "d4", progress: bool = False) -> Path:
     """Path of a safetensors checkpoint of `model_name` trained from scratch on the source task (digits 0-4,
-    `source_task`), from the course cache if present, else trained now (`finetune(strategy='scratch')`) and saved
-    atomically (`save_model`) under `cache_dir('vision')`, named by a hash of the configuration."""
+    `source_task`) with labels augmented by `label_augment` (`label_augmented`: 'd4' gives 40 joint classes,
+    'none' the plain 5), from the course cache if present, else trained now (`finetune(strategy='scratch')`) and
+    saved atomically (`save_model`) under `cache_dir('vision')`, named by a hash of the configuration.
+    The header's `val_acc` is the digit accuracy on upright held-out source images."""
     import hashlib
-    conf = dict(model=model_name, steps=steps, batch_size=batch_size, lr=lr, seed=seed, task="digits0-4@32", v=1)
+    if label_augment not in SYMMETRIES: raise ValueError(f"unknown label_augment {label_augment!r}; choose one of {list(SYMMETRIES)}")
+    conf = dict(model=model_name, steps=steps, batch_size=batch_size, lr=lr, seed=seed, task="digits0-4@32", v=2,
+                label_augment=label_augment)
     key = hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("vision") / f"{model_name}-source-{key}.safetensors"
     with FileLock(str(path) + ".lock"):
         if path.is_file(): return path
-        res = finetune(model_name, source_task("train"), source_task("valid"), "scratch",
-                       config=FinetuneConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                                             eval_every=max(1, steps)), progress=progress)
-        save_model(res.model, path, task="source digits 0-4", val_acc=res.val_acc, config=conf)
+        K = SYMMETRIES[label_augment]
+        res = finetune(model_name, label_augmented(source_task("train"), label_augment), None, "scratch",
+                       num_classes=len(SOURCE_CLASSES) * K, progress=progress,
+                       config=FinetuneConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=max(1, steps)))
+        acc = _upright_accuracy(res.model, source_task("valid"), K)
+        save_model(res.model, path, task="source digits 0-4", val_acc=acc, config=conf)
     return path

@@ -17,7 +17,7 @@ from course_lib.vision import (
     check_model_name, count_flops, count_params, model_data_config, normalize_images, target_task, save_model,
     create_vision_model, load_finetuned, checkpoint_info, finetune, FinetuneConfig, layer_groups, random_shift,
     tta_views, predict_logits, ensemble_logits, accuracy, choose_batch_size, export_onnx, export_torchscript,
-    quantize_int8, model_size_bytes, finetune_main, evaluate)
+    quantize_int8, model_size_bytes, finetune_main, evaluate, square_symmetries, label_augmented)
 
 
 @pytest.fixture(autouse=True)
@@ -134,6 +134,19 @@ def test_random_shift_is_a_translation():
     y = random_shift(x, 2, g)
     assert y.shape == x.shape and torch.equal(y.sum((1, 2, 3)), x.sum((1, 2, 3)))
     assert torch.equal(random_shift(x, 0), x)
+
+
+def test_label_augmentation_joins_class_and_symmetry():
+    x = torch.arange(2 * 16, dtype=torch.float32).reshape(2, 1, 4, 4)     # no symmetry: 8 distinct views
+    views = square_symmetries(x, "d4")
+    assert len(views) == 8 and len({tuple(v[0].flatten().tolist()) for v in views}) == 8
+    assert len(square_symmetries(x, "rot4")) == 4 and torch.equal(square_symmetries(x, "none")[0], x)
+    ds = label_augmented(torch.utils.data.TensorDataset(x, torch.tensor([0, 3])), "d4")
+    xs, ys = ds.tensors
+    assert xs.shape == (16, 1, 4, 4) and ys.tolist() == [y * 8 + k for k in range(8) for y in (0, 3)]
+    assert torch.equal(xs[:2], x) and torch.equal(xs[2:4], torch.rot90(x, 1, (2, 3)))
+    with pytest.raises(ValueError, match="unknown symmetries"):
+        square_symmetries(x, "rot8")
 
 
 def test_layer_decay_needs_timm_scheduler():
