@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+# torch is imported inside the functions that need it, so that `course` and the torch-free modules
+# (course_lib.pile) start in a fraction of a second
 
 # %% auto #0
 __all__ = ['seed_everything', 'seed_worker', 'get_device', 'cache_dir', 'artifact_dir', 'atomic_write', 'save_checkpoint',
@@ -25,6 +26,7 @@ def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generat
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
+    import torch
     seed = int(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -39,6 +41,7 @@ def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generat
 
 def seed_worker(worker_id: int) -> None:
     "`DataLoader(worker_init_fn=seed_worker)`: seed NumPy and `random` in each worker from torch's per-worker seed."
+    import torch
     s = torch.initial_seed() % 2**32
     np.random.seed(s)
     random.seed(s)
@@ -48,6 +51,7 @@ def get_device(device: str | torch.device | None = None) -> torch.device:
     """The device to run on: `device` if given, else `$COURSE_LIB_DEVICE`, else cuda, then mps, then cpu.
 
     Raises `ValueError` for a device string torch does not understand or a device that is not available."""
+    import torch
     choice = device if device is not None else os.environ.get("COURSE_LIB_DEVICE") or None
     if choice is None:
         if torch.cuda.is_available(): return torch.device("cuda")
@@ -104,8 +108,12 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
 # %% ../nbs/00_core.ipynb #b29be12a
 _TENSOR = "__tensor__"
 
+def _is_tensor(obj) -> bool:
+    "A torch tensor? (without importing torch: a tensor cannot exist unless torch is loaded)"
+    return "torch" in sys.modules and isinstance(obj, sys.modules["torch"].Tensor)
+
 def _flatten(obj, tensors: dict, prefix: str):
-    if isinstance(obj, torch.Tensor):
+    if _is_tensor(obj):
         key = prefix or "tensor"
         tensors[key] = obj.detach().to("cpu").contiguous()
         return {_TENSOR: key}
@@ -185,7 +193,7 @@ def record(name: str, value, notebook: str | None = None) -> Any:
     Written atomically to `results_path()`, under `notebook` (default `$COURSE_LIB_NOTEBOOK`, else 'interactive').
     Raises `TypeError` for values that are not JSON-serialisable and `ValueError` for an empty name. Returns `value`."""
     if not isinstance(name, str) or not name.strip(): raise ValueError(f"record needs a non-empty name, got {name!r}")
-    if isinstance(value, torch.Tensor): value = value.item() if value.numel() == 1 else value.tolist()
+    if _is_tensor(value): value = value.item() if value.numel() == 1 else value.tolist()
     if isinstance(value, np.generic): value = value.item()
     try: json.dumps(value, allow_nan=True)
     except TypeError as e: raise TypeError(f"record({name!r}, ...): value {value!r} is not JSON-serialisable") from e
