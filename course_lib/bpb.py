@@ -4,7 +4,7 @@
 
 # %% ../nbs/61_bits_per_byte.ipynb #d390cfd8
 from __future__ import annotations
-import argparse, bz2, gzip, json, lzma, math, os, sys, time
+import argparse, bz2, gzip, json, lzma, math, os, sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/92_contrib.ipynb #c64aab58
 from __future__ import annotations
-import argparse, json, keyword, os, re, subprocess, sys, tomllib, uuid
+import argparse, json, keyword, re, subprocess, sys, tomllib, uuid
 from pathlib import Path
 
 from .cli import Unit, load_units, find_unit, project_root, notebook_parameters

@@ -4,13 +4,14 @@
 
 # %% ../nbs/00_core.ipynb #92416715
 from __future__ import annotations
-import contextlib, json, math, os, random, socket, sys, tempfile, time
+import contextlib, json, os, random, re, socket, sys, tempfile, time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 # torch is imported inside the functions that need it, so that `course` and the torch-free modules
 # (course_lib.pile) start in a fraction of a second
+if TYPE_CHECKING: import torch   # for the annotations only (they are strings: see __future__)
 
 # %% auto #0
 __all__ = ['seed_everything', 'seed_worker', 'get_device', 'cache_dir', 'artifact_dir', 'atomic_write', 'save_checkpoint',
@@ -84,16 +85,51 @@ def artifact_dir(*parts: str) -> Path:
     p.mkdir(parents=True, exist_ok=True)
     return p
 
+# %% ../nbs/00_core.ipynb #5a1e7c3d
+_TMP_NAME = re.compile(r"(\d+)@([A-Za-z0-9-]*)\.[A-Za-z0-9_]+\.tmp")   # pid@host.random.tmp
+_STALE_AFTER_S = 24 * 3600   # a temporary file untouched this long is stale whoever wrote it
+
+def _host() -> str: return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix": return True   # os.kill(pid, 0) would terminate the process on Windows
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True   # alive, owned by another user
+    return True
+
+def _remove_stale_tmps(path: Path) -> list[Path]:
+    """Remove the temporary files that killed `atomic_write`s to `path` left behind: those whose writer
+    (same host) is dead, or that nobody has touched for `_STALE_AFTER_S`. A live writer's file is kept."""
+    removed, prefix = [], f".{path.name}."
+    for tmp in path.parent.iterdir():
+        m = _TMP_NAME.fullmatch(tmp.name[len(prefix):]) if tmp.name.startswith(prefix) else None
+        if m is None: continue   # another target's file (e.g. `.{name}.1.<pid>@…`), or not ours
+        try: age = time.time() - tmp.stat().st_mtime
+        except FileNotFoundError: continue
+        dead = m[2] == _host() and not _pid_alive(int(m[1]))
+        if dead or age > _STALE_AFTER_S:
+            with contextlib.suppress(FileNotFoundError, PermissionError): tmp.unlink()
+            removed.append(tmp)
+    return removed
+
 # %% ../nbs/00_core.ipynb #37c7c0bf
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     """Context manager yielding a file object; on success the file appears at `path` atomically.
 
-    On an exception (or a kill) the temporary file is removed and any existing file at `path` is untouched."""
+    The data goes to `.{name}.{pid}@{host}.{random}.tmp` beside `path`, then `os.replace` puts it
+    in place. On an exception the temporary file is removed and any existing file at `path` is
+    untouched. A kill (SIGKILL, power loss) leaves the old file at `path` and the temporary file
+    behind: the next `atomic_write` to the same `path` removes such leftovers (writer process dead,
+    or file untouched for a day) and leaves the files of writers still running alone."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0); os.umask(umask)
+    _remove_stale_tmps(path)
+    prefix = f".{path.name}.{os.getpid()}@{_host()}."
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)   # mkstemp creates 0600; give the file the usual permissions
     try:
         with os.fdopen(fd, mode) as f:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_data.ipynb #b4cca33a
 from __future__ import annotations
-import hashlib, os, warnings
+import os, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence

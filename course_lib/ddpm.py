@@ -4,8 +4,8 @@
 
 # %% ../nbs/10_forward_process.ipynb #44c9b61c
 from __future__ import annotations
-import hashlib, json, math, os, time, warnings
-from dataclasses import dataclass, asdict, field, replace
+import hashlib, json, math, os, time
+from dataclasses import dataclass, asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .core import cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
+from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_uint8
 
 # %% auto #0
@@ -143,16 +143,18 @@ def check_prediction_type(prediction_type: str) -> str:
 
 # %% ../nbs/11_ddpm_training.ipynb #7c7a54a6
 import copy, hashlib, inspect, json, math, os, time
-from dataclasses import dataclass, asdict, field, replace
+from dataclasses import dataclass, asdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+if TYPE_CHECKING:
+    from diffusers import UNet2DModel
 
-from .core import atomic_write, cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
+from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_float, to_uint8
 
 # %% ../nbs/11_ddpm_training.ipynb #bc3b58ce
@@ -493,7 +495,7 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
 
 # %% ../nbs/13_sampling.ipynb #eeb6e088
 import copy, hashlib, inspect, json, math, os, time
-from dataclasses import dataclass, asdict, field, replace
+from dataclasses import dataclass, asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -502,7 +504,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import atomic_write, cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
+from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_float, to_uint8
 from tqdm.auto import tqdm
 

@@ -4,8 +4,8 @@
 
 # %% ../nbs/62_tiny_gpt2.ipynb #1a57fad6
 from __future__ import annotations
-import hashlib, json, math, os, shutil, tempfile, time
-from dataclasses import dataclass, asdict, field
+import hashlib, json, math, os, shutil, tempfile
+from dataclasses import dataclass, asdict
 from pathlib import Path
 from collections.abc import Iterable
 

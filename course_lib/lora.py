@@ -4,12 +4,11 @@
 
 # %% ../nbs/40_lora_from_scratch.ipynb #8f195620
 from __future__ import annotations
-import math, re
-from typing import Iterable, Sequence
+import math
+from typing import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['LORA_LAYERS', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora',

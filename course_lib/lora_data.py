@@ -4,9 +4,9 @@
 
 # %% ../nbs/41_lora_dataset.ipynb #445ebdf2
 from __future__ import annotations
-import json, os, re, warnings
+import os, re, warnings
 from collections import Counter
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/43_lora_export.ipynb #e9f6be85
 from __future__ import annotations
-import base64, hashlib, io, json, os, struct, warnings
+import base64, copy, hashlib, io, json, os, struct, warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -14,7 +14,7 @@ import torch.nn as nn
 import course_lib
 from .core import atomic_write, cache_dir
 from .lora_data import TRIGGER, ConceptDataset, write_concept_folder
-from .lora_train import (LoRATrainConfig, add_lora, base_config, generate, load_base, prior_set, train_lora)
+from .lora_train import (LoRATrainConfig, add_lora, base_config, generate, load_base, train_lora)
 
 # %% auto #0
 __all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'adapter_names', 'save_adapter', 'read_adapter',

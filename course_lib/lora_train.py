@@ -5,7 +5,7 @@
 # %% ../nbs/42_lora_training.ipynb #0281cbc5
 from __future__ import annotations
 import contextlib, copy, csv, io, json, math, os, re, threading, time, weakref
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, asdict
 from pathlib import Path
 from typing import Callable, Sequence
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, hashlib, json, os, sys, warnings
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from .core import OfflineError, atomic_write, cache_dir, get_device
-from .frechet import (FewSamplesWarning, check_features, feature_statistics, fid_from_features,
+from .frechet import (FewSamplesWarning, feature_statistics, 
                                 frechet_distance)
 from .isc_kid import inception_score, kid
 

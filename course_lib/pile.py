@@ -4,7 +4,7 @@
 
 # %% ../nbs/60_pile_format.ipynb #74222bb0
 from __future__ import annotations
-import argparse, gzip, hashlib, io, json, os, queue, sys, sysconfig, threading
+import argparse, gzip, hashlib, json, os, queue, sys, sysconfig, threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, asdict
 from pathlib import Path

@@ -4,14 +4,13 @@
 
 # %% ../nbs/20_score_matching.ipynb #67b666f1
 from __future__ import annotations
-import abc, hashlib, json, math, warnings
-from dataclasses import dataclass, asdict, field
+import abc, hashlib, json, math
+from dataclasses import dataclass, asdict
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .core import cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
 

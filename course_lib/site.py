@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse, configparser, json, os, posixpath, re, shutil, subprocess, sys, tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import tomllib
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/52_inference_export.ipynb #7e753674
 from __future__ import annotations
-import argparse, contextlib, copy, io, json, os, sys, time, warnings
+import argparse, copy, io, json, os, sys, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -14,10 +14,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 import timm
 
-from .core import get_device, seed_everything, atomic_write
-from .vision_registry import *
-from .vision_transfer import *
-from .vision_transfer import _tensors
+from .core import get_device, atomic_write
+from .vision_registry import (suggest_models, check_model_name, count_params, count_flops,
+                                        model_in_chans, model_data_config, normalize_images)
+from .vision_transfer import (digits_task, source_task, target_task, save_model, checkpoint_info,
+                                        check_checkpoint, create_vision_model, load_finetuned, STRATEGIES,
+                                        FinetuneConfig, FinetuneResult, random_shift, layer_groups, evaluate,
+                                        finetune, SYMMETRIES, square_symmetries, label_augmented,
+                                        pretrained_source_model)
 
 # `from course_lib.vision import *` gives the whole unit's library
 _all_ = ["suggest_models", "check_model_name", "count_params", "count_flops", "model_in_chans", "model_data_config",
@@ -235,7 +239,7 @@ def _folder_dataset(root: Path, img_size: int, in_chans: int):
     empty = [d for d in subdirs if d not in ds.classes]
     if empty:
         why = {d: [r for p, r in ds.report.skipped if p.relative_to(root).parts[0] == d] for d in empty}
-        raise ValueError(f"class folder(s) with no usable image: " + "; ".join(
+        raise ValueError("class folder(s) with no usable image: " + "; ".join(
             f"{d}/ ({len(why[d])} unreadable file(s))" if why[d] else f"{d}/ (empty)" for d in empty)
             + ": add images or remove the folder")
     x = torch.stack([ds[i][0] for i in range(len(ds))])

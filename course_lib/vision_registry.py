@@ -4,15 +4,12 @@
 
 # %% ../nbs/50_timm_registry.ipynb #a41b6633
 from __future__ import annotations
-import contextlib, difflib, io, json, math, os, time, warnings
-from dataclasses import dataclass, field, asdict
-from pathlib import Path
-from typing import Any, Callable, Sequence
+import difflib
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import timm
 from timm.models import register_model, build_model_with_cfg
@@ -20,7 +17,6 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.resnet import ResNet, BasicBlock
 from timm.models.vision_transformer import VisionTransformer
 
-from .core import seed_everything, get_device, cache_dir, save_checkpoint, load_checkpoint
 
 # %% auto #0
 __all__ = ['default_cfgs', 'suggest_models', 'check_model_name', 'count_params', 'count_flops', 'course_resnet_32',

@@ -71,3 +71,16 @@ def test_readme_in_sync(tmp_path):
     write_readme(tmp_path)
     assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text(), \
         "README.md is out of date with nbs/index.ipynb: run `course readme` and commit"
+
+
+def test_readme_python_version_matches_package():
+    "The README's 'Python X.Y+' is the package's `min_python` (pip refuses older Pythons with its own message)."
+    import configparser, re
+    cfg = configparser.ConfigParser(delimiters=["="])
+    cfg.read(ROOT / "settings.ini", encoding="utf-8")
+    min_python = cfg["DEFAULT"]["min_python"]
+    for doc in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "units").glob("*/README.md"))]:
+        for v in re.findall(r"Python (\d+\.\d+)\+", doc.read_text(encoding="utf-8")):
+            assert v == min_python, f"{doc.name} says Python {v}+ but settings.ini has min_python = {min_python}"
+    assert re.search(rf"Python {re.escape(min_python)}\+", (ROOT / "README.md").read_text()), \
+        "README.md does not state the minimum Python version"
