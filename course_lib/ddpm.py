@@ -17,7 +17,7 @@ from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_uint8
 
 # %% auto #0
-__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION', 'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset', 'ema_update', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'SAMPLERS', 'StepOutput', 'AncestralSampler', 'sample', 'make_scheduler', 'sampler_table', 'format_table']
+__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION', 'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset', 'ema_update', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'SPACINGS', 'SAMPLERS', 'check_num_steps', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'sample', 'ExactGrid', 'make_scheduler', 'sampler_table', 'format_table']
 
 # %% ../nbs/10_forward_process.ipynb #c496e861
 BETA_SCHEDULES = ("linear", "cosine", "sigmoid")
@@ -508,6 +508,32 @@ from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_float, to_uint8
 from tqdm.auto import tqdm
 
+# %% ../nbs/13_sampling.ipynb #473e81a1
+SPACINGS = ("leading", "trailing", "linspace")
+
+def check_num_steps(num_inference_steps, num_train_timesteps: int) -> int:
+    "`num_inference_steps` as an int if it is one in [1, T]; else `ValueError` naming the value and the range."
+    n, T = num_inference_steps, num_train_timesteps
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= T:
+        raise ValueError(f"num_inference_steps must be an int in [1, {T}] (the model's training "
+                         f"timesteps), got {n!r}")
+    return int(n)
+
+def timestep_grid(num_train_timesteps: int, num_inference_steps: int, spacing: str = "leading") -> np.ndarray:
+    """`num_inference_steps` distinct timesteps in [0, T-1], descending, `(n,)` int64, spaced as diffusers
+    spaces them (Lin et al. 2023, Table 2) but computed exactly: 'leading' k * (T // n),
+    'trailing' round(T - k T / n) - 1, 'linspace' round(linspace(0, T - 1, n)), for k = 0..n-1.
+    Where diffusers' own grid is right it is this one. Raises `ValueError` for n outside [1, T] or an
+    unknown spacing."""
+    T = num_train_timesteps
+    n = check_num_steps(num_inference_steps, T)
+    k = np.arange(n)
+    if spacing == "leading": ts = k * (T // n)
+    elif spacing == "trailing": ts = np.round(T - k * (T / n)) - 1
+    elif spacing == "linspace": ts = np.linspace(0, T - 1, n).round()
+    else: raise ValueError(f"unknown timestep_spacing {spacing!r}; choose one of {list(SPACINGS)}")
+    return np.sort(ts.astype(np.int64))[::-1].copy()
+
 # %% ../nbs/13_sampling.ipynb #af8361d1
 @dataclass
 class StepOutput:
@@ -528,8 +554,8 @@ class AncestralSampler:
     def __init__(self, schedule: NoiseSchedule, prediction_type: str = "epsilon", clip_sample: bool = True,
                  clip_sample_range: float = 1.0, timestep_spacing: str = "leading"):
         self.schedule, self.prediction_type = schedule, check_prediction_type(prediction_type)
-        if timestep_spacing not in ("leading", "trailing", "linspace"):
-            raise ValueError(f"unknown timestep_spacing {timestep_spacing!r}; choose 'leading', 'trailing' or 'linspace'")
+        if timestep_spacing not in SPACINGS:
+            raise ValueError(f"unknown timestep_spacing {timestep_spacing!r}; choose one of {list(SPACINGS)}")
         self.clip_sample, self.clip_sample_range, self.timestep_spacing = clip_sample, clip_sample_range, timestep_spacing
         # alpha_bar in float32, accumulated in float32 as diffusers does (so that trajectories agree to 1e-5)
         self.alphas_cumprod = torch.cumprod(1.0 - schedule.betas.float(), 0)
@@ -538,15 +564,9 @@ class AncestralSampler:
 
     def set_timesteps(self, num_inference_steps: int, device=None) -> None:
         "Choose `num_inference_steps` timesteps (descending) out of the T training steps, as diffusers does."
-        T = self.schedule.num_train_timesteps
-        if not 1 <= num_inference_steps <= T:
-            raise ValueError(f"num_inference_steps must be in [1, {T}], got {num_inference_steps}")
-        n = num_inference_steps
-        if self.timestep_spacing == "leading": ts = (np.arange(n) * (T // n)).round()[::-1]
-        elif self.timestep_spacing == "trailing": ts = np.round(np.arange(T, 0, -T / n)) - 1
-        else: ts = np.linspace(0, T - 1, n).round()[::-1]
-        self.num_inference_steps = n
-        self.timesteps = torch.from_numpy(ts.copy().astype(np.int64)).to(device or "cpu")
+        ts = timestep_grid(self.schedule.num_train_timesteps, num_inference_steps, self.timestep_spacing)
+        self.num_inference_steps = len(ts)
+        self.timesteps = torch.from_numpy(ts).to(device or "cpu")
         self._prev = {int(a): int(b) for a, b in zip(self.timesteps, [*self.timesteps[1:].tolist(), -1])}
 
     def scale_model_input(self, sample: torch.Tensor, timestep=None) -> torch.Tensor: return sample
@@ -588,15 +608,23 @@ class AncestralSampler:
 def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50, generator: torch.Generator | None = None,
            class_labels: torch.Tensor | int | Sequence[int] | None = None, eta: float | None = None,
            batch_size: int | None = 512, callback: Callable[[int, int, torch.Tensor], None] | None = None,
-           progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+           progress: bool = False, step_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Generate `n` images with `model` (a `diffusers.UNet2DModel`) and `scheduler` (any diffusers scheduler, e.g.
     `DDPMScheduler`, `DDIMScheduler`, `DPMSolverMultistepScheduler`, or our `AncestralSampler`; see `make_scheduler`).
 
     `generator` draws x_T (on the CPU) and the samplers' noise; `class_labels`: an int or `(n,)` ints for a
     class-conditional model (required then, refused otherwise); `eta`: passed to `scheduler.step` (DDIM's eta);
-    `batch_size`: images per network call; `callback(i, t, x_t)` after each step (for animations).
+    `batch_size`: images per network call; `callback(i, t, x_t)` after each step (for animations);
+    `step_kwargs`: more options of `scheduler.step` (e.g. DDIM's `use_clipped_model_output=True`).
     Returns `(images (n, C, H, W) uint8 in [0, 255], images (n, C, H, W) float32 in [-1, 1])`.
-    Raises `ValueError` for bad labels or an `eta` the scheduler does not take."""
+    Raises `ValueError` for `n` < 1, `num_inference_steps` outside [1, T], bad labels, or an `eta` or
+    step option the scheduler does not take; `FloatingPointError` if the samples hold NaN or infinity
+    (never returned as images)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n (the number of images) must be a positive int, got {n!r}")
+    T = (scheduler.schedule.num_train_timesteps if isinstance(scheduler, AncestralSampler)
+         else scheduler.config.num_train_timesteps)
+    num_inference_steps = check_num_steps(num_inference_steps, T)
     C, H = model.config.in_channels, model.config.sample_size
     dev = next(model.parameters()).device
     n_cls = model.config.num_class_embeds
@@ -613,6 +641,10 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50, g
     if eta is not None:
         if "eta" not in params: raise ValueError(f"{type(scheduler).__name__}.step takes no eta; use DDIMScheduler for eta")
         kw["eta"] = eta
+    unknown = sorted(set(step_kwargs or {}) - set(params))
+    if unknown:
+        raise ValueError(f"{type(scheduler).__name__}.step takes no {unknown}; it takes {sorted(params)}")
+    kw.update(step_kwargs or {})
     bs = batch_size or n
     was = model.training; model.eval()
     outs = []
@@ -629,10 +661,36 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50, g
         outs.append(x.float().clamp(-1, 1).cpu())
     model.train(was)
     xs = torch.cat(outs)
+    bad = (~torch.isfinite(xs)).flatten(1).any(1)
+    if bad.any():
+        raise FloatingPointError(f"{int(bad.sum())} of {n} samples hold NaN or infinity after "
+                                 f"{num_inference_steps} steps of {type(scheduler).__name__}: the sampler "
+                                 "diverged (check its settings and the model's prediction_type)")
     return to_uint8(xs), xs
 
 # %% ../nbs/13_sampling.ipynb #adb3bd10
 SAMPLERS = ("ancestral", "ddpm", "ddim", "dpm++")
+
+class ExactGrid:
+    """Mixin for a diffusers scheduler: `set_timesteps(n)` checks n and keeps diffusers' grid when it is n
+    distinct timesteps in [0, T-1]; otherwise it uses `timestep_grid` (custom `timesteps` where the scheduler
+    takes them, as DDPM and DPM-Solver do; DDIM steps from t to t - T // n whatever the grid)."""
+    def set_timesteps(self, num_inference_steps=None, device=None, **kw):
+        T = self.config.num_train_timesteps
+        n = check_num_steps(num_inference_steps, T)
+        super().set_timesteps(n, device=device, **kw)
+        ts = self.timesteps.tolist()
+        if len(ts) == n and len(set(ts)) == n and min(ts) >= 0 and max(ts) <= T - 1: return
+        grid = timestep_grid(T, n, self.config.timestep_spacing)
+        if "timesteps" in inspect.signature(super().set_timesteps).parameters:
+            super().set_timesteps(device=device, timesteps=grid.tolist())
+        else: self.timesteps = torch.from_numpy(grid).to(device or "cpu")
+
+_EXACT = {}
+def _exact_grid(cls):
+    "`cls` with `ExactGrid` mixed in (same class name, so saved configs load in diffusers)."
+    if cls not in _EXACT: _EXACT[cls] = type(cls.__name__, (ExactGrid, cls), {"__module__": __name__})
+    return _EXACT[cls]
 
 def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: bool = True, **kw):
     """A sampler for a model trained with `config` (default `DDPMConfig()`): 'ancestral' (our `AncestralSampler`),
@@ -643,12 +701,15 @@ def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: boo
     variant `algorithm_type='sde-dpmsolver++'` (measured in lesson 13: far closer to 1000-step DDPM than the ODE
     solver on our small models) with `final_sigmas_type='zero'`, `lower_order_final=True`, `euler_at_final=True`
     (first-order, noise-free last steps). `kw` override anything (e.g. `algorithm_type='dpmsolver++'` for the ODE).
+    The diffusers schedulers come with `ExactGrid`: every n in [1, T] gives n distinct timesteps.
     Raises `ValueError` for an unknown kind."""
     cfg = config or DDPMConfig()
     schedule = cfg.schedule()
     if kind == "ancestral":
         return AncestralSampler(schedule, prediction_type=cfg.prediction_type, **kw)
     from diffusers import DDPMScheduler, DDIMScheduler, DPMSolverMultistepScheduler
+    DDPMScheduler, DDIMScheduler, DPMSolverMultistepScheduler = map(
+        _exact_grid, (DDPMScheduler, DDIMScheduler, DPMSolverMultistepScheduler))
     if kind == "ddpm": return schedule.to_diffusers(DDPMScheduler, **{"prediction_type": cfg.prediction_type, **kw})
     if kind == "ddim":
         rec = {"timestep_spacing": "trailing"} if recommended else {}
