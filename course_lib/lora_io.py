@@ -4,7 +4,7 @@
 
 # %% ../nbs/43_lora_export.ipynb #e9f6be85
 from __future__ import annotations
-import base64, copy, hashlib, io, json, os, struct, warnings
+import base64, copy, hashlib, io, json, math, os, re, struct, warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -17,9 +17,10 @@ from .lora_data import TRIGGER, ConceptDataset, write_concept_folder
 from .lora_train import (LoRATrainConfig, add_lora, base_config, generate, load_base, train_lora)
 
 # %% auto #0
-__all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'adapter_names', 'save_adapter', 'read_adapter',
-           'load_adapter', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter',
-           'write_style_folder', 'train_adapter', 'load_or_train_adapter', 'adapter_gallery', 'lora_main']
+__all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'adapter_names', 'save_adapter', 'foreign_layout',
+           'read_adapter', 'load_adapter', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters',
+           'remove_adapter', 'write_style_folder', 'train_adapter', 'load_or_train_adapter', 'adapter_gallery',
+           'lora_main']
 
 # %% ../nbs/43_lora_export.ipynb #719097a5
 ADAPTER_FORMAT = "course_lib.lora/1"
@@ -52,8 +53,10 @@ def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "
                  dataset: Mapping | None = None) -> Path:
     """Write adapter `adapter_name` of `unet` to `path` (must end in `.safetensors`) atomically, with metadata:
     format, base model name and weight hash, rank, alpha, target modules, trigger word, training config, dataset
-    summary, course_lib and peft versions. Tensors: peft's state-dict keys (`....to_q.lora_A.weight`), float32.
-    Returns the path. Raises `ValueError` for another extension or an unknown adapter name."""
+    summary, course_lib and peft versions, and every setting that changes the scale of the update
+    (`use_rslora`, `rank_pattern`, `alpha_pattern`). Tensors: peft's state-dict keys (`....to_q.lora_A.weight`), float32.
+    Returns the path. Raises `ValueError` for another extension, an unknown adapter name, or a peft setting
+    this format cannot store (DoRA, LoRA bias, fan_in_fan_out)."""
     import peft
     from peft.functional import get_peft_model_state_dict
     from safetensors.torch import save
@@ -63,16 +66,40 @@ def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "
     names = adapter_names(unet)
     if adapter_name not in names: raise ValueError(f"no adapter {adapter_name!r} in the model; adapters: {names}")
     pc = unet.peft_config[adapter_name]
+    unsupported = {k: getattr(pc, k, None) for k in ("use_dora", "lora_bias", "fan_in_fan_out")
+                   if getattr(pc, k, None)}
+    if unsupported:
+        raise ValueError(f"adapter {adapter_name!r} uses {unsupported}, which {ADAPTER_FORMAT} does not store: "
+                         "it would reload with other outputs. Save it with peft's own save_pretrained")
+    targets = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
     sd = {k: v.detach().to("cpu", torch.float32).contiguous()
           for k, v in get_peft_model_state_dict(unet, adapter_name=adapter_name).items()}
     meta = {"format": ADAPTER_FORMAT, "base_model": base_model, "base_hash": base_fingerprint(unet),
-            "rank": str(pc.r), "alpha": str(float(pc.lora_alpha)), "target_modules": json.dumps(sorted(pc.target_modules)),
+            "rank": str(pc.r), "alpha": str(float(pc.lora_alpha)), "target_modules": json.dumps(targets),
+            "use_rslora": json.dumps(bool(pc.use_rslora)), "rank_pattern": json.dumps(dict(pc.rank_pattern or {})),
+            "alpha_pattern": json.dumps(dict(pc.alpha_pattern or {})),
             "trigger": trigger or "", "training_config": json.dumps(dict(training_config or {}), default=str),
             "dataset": json.dumps(dict(dataset or {}), default=str), "adapter_name": adapter_name,
             "course_lib_version": course_lib.__version__, "peft_version": peft.__version__}
     data = save(sd, metadata=meta)
     with atomic_write(path, "wb") as f: f.write(data)
     return path
+
+# %% ../nbs/43_lora_export.ipynb #4bff0b50
+def foreign_layout(keys: Sequence[str], metadata: Mapping) -> str | None:
+    """What kind of LoRA file `keys` (tensor names) and `metadata` describe when it is not course_lib's own:
+    a kohya-ss (sd-scripts) file, a diffusers `save_lora_weights` file, or a peft `save_pretrained` file;
+    None when nothing foreign is recognised."""
+    k0 = next(iter(sorted(keys)), "")
+    if any(k.startswith(("lora_unet_", "lora_te")) or "lora_down" in k for k in keys) or \
+            any(str(m).startswith("ss_") for m in metadata):
+        dims = {m: metadata[m] for m in ("ss_network_dim", "ss_network_alpha") if m in metadata}
+        return f"a kohya-ss (sd-scripts) LoRA (keys like {k0!r}{', ' + str(dims) if dims else ''})"
+    if any(k.startswith(("unet.", "transformer.", "text_encoder")) for k in keys):
+        return f"a diffusers LoRA, as save_lora_weights writes it (keys like {k0!r})"
+    if any(k.startswith("base_model.model.") for k in keys):
+        return f"a peft save_pretrained adapter (keys like {k0!r}): load it with PeftModel.from_pretrained"
+    return None
 
 # %% ../nbs/43_lora_export.ipynb #61bafcd7
 def _safetensors_header(path: Path) -> dict:
@@ -100,6 +127,18 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     if not path.is_file(): raise FileNotFoundError(f"no adapter file at {path}")
     header = _safetensors_header(path)
     meta = dict(header.get("__metadata__") or {})
+    bad = {k: v for k, v in meta.items() if not isinstance(v, str)}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise ValueError(f"{path.name}: metadata {k!r} is a {type(v).__name__} ({v!r}), but safetensors metadata "
+                         "maps strings to strings (the safetensors library refuses this file): re-save it "
+                         "with string values")
+    keys = [k for k in header if k != "__metadata__"]
+    foreign = None if meta.get("format") == ADAPTER_FORMAT else foreign_layout(keys, meta)
+    if foreign:
+        raise ValueError(f"{path.name} is {foreign}. course_lib reads its own adapters ({ADAPTER_FORMAT}: peft "
+                         f"keys such as 'mid_block.attentions.0.to_q.lora_A.weight' and the metadata "
+                         f"{list(REQUIRED_METADATA)}), as save_adapter writes them")
     missing = [k for k in REQUIRED_METADATA if not meta.get(k)]
     if missing:
         extra = (" Without alpha the scale alpha/rank is unknown and the adapter would load at the wrong strength;"
@@ -108,13 +147,16 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     if meta["format"] != ADAPTER_FORMAT:
         raise ValueError(f"{path.name}: unknown adapter format {meta['format']!r}; this version reads {ADAPTER_FORMAT!r}")
     meta["rank"], meta["alpha"] = int(meta["rank"]), float(meta["alpha"])
-    for k in ("target_modules", "training_config", "dataset"): meta[k] = json.loads(meta.get(k) or "{}")
+    for k in ("target_modules", "training_config", "dataset", "rank_pattern", "alpha_pattern"):
+        meta[k] = json.loads(meta.get(k) or "{}")
+    meta["use_rslora"] = json.loads(meta.get("use_rslora") or "false")
     return load_file(str(path)), meta
 
 def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | None = None,
                  check_base: bool = True) -> dict:
-    """Load the adapter at `path` into `unet` as `adapter_name` (default: the name stored in the file) and make it
-    the active adapter. Returns the parsed metadata.
+    """Load the adapter at `path` into `unet` as `adapter_name` (default: the name stored in the file, else the
+    file's stem, with characters other than letters, digits, '_' and '-' turned into '_') and make it the
+    active adapter. Returns the parsed metadata.
 
     Checks, each a `ValueError` with what to do: the file is safetensors with the required metadata; the base hash
     matches `base_fingerprint(unet)` (`check_base=False` skips it, at your own risk); every key and shape matches an
@@ -122,7 +164,7 @@ def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | N
     taken. On any failure the model is left as it was."""
     from peft.functional import get_peft_model_state_dict, set_peft_model_state_dict, delete_adapter
     tensors, meta = read_adapter(path)
-    name = adapter_name or meta.get("adapter_name") or Path(path).stem
+    name = adapter_name or re.sub(r"[^\w-]", "_", meta.get("adapter_name") or Path(path).stem)
     if name in adapter_names(unet): raise ValueError(f"the model already has an adapter {name!r}; pass another adapter_name")
     if check_base:
         have = base_fingerprint(unet)
@@ -131,11 +173,13 @@ def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | N
                              f"{meta['base_hash']}, but this model's hash is {have}: load it into that base (or pass "
                              "check_base=False if you know the weights are equivalent)")
     ranks = {t.shape[0] for k, t in tensors.items() if ".lora_A." in k}
-    if ranks != {meta["rank"]}:
+    if not ranks <= {meta["rank"], *meta["rank_pattern"].values()}:
         raise ValueError(f"{Path(path).name}: metadata says rank {meta['rank']} but the lora_A weights have rank(s) {sorted(ranks)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        add_lora(unet, meta["rank"], meta["alpha"], meta["target_modules"], adapter_name=name)
+        add_lora(unet, meta["rank"], meta["alpha"], meta["target_modules"], adapter_name=name,
+                 use_rslora=meta["use_rslora"], rank_pattern=meta["rank_pattern"],
+                 alpha_pattern=meta["alpha_pattern"])
     try:
         want = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(unet, adapter_name=name).items()}
         got = {k: tuple(v.shape) for k, v in tensors.items()}
@@ -183,7 +227,8 @@ def active_adapters(unet: nn.Module) -> dict[str, float]:
     layers = _lora_layers(unet)
     if not layers or layers[0].disable_adapters: return {}
     m = layers[0]
-    return {n: m.scaling[n] * m.r[n] / m.lora_alpha[n] for n in m.active_adapters}
+    unit = {n: m.lora_alpha[n] / (math.sqrt(m.r[n]) if m.use_rslora.get(n) else m.r[n]) for n in m.active_adapters}
+    return {n: m.scaling[n] / unit[n] for n in m.active_adapters}
 
 def merge_adapters(unet: nn.Module) -> nn.Module:
     "Fold the active adapters (with their blend weights) into the base weights, in place. Returns `unet`."
@@ -310,12 +355,15 @@ def lora_main(argv: list[str]) -> int:
     try: a = p.parse_args(argv)
     except SystemExit as e: return int(e.code or 0) and 2
     err = lambda m: (print(f"course lora {a.cmd}: {m}", file=sys.stderr), 2)[1]
+    low = [f"--{k.replace('_', '-')} {getattr(a, k)}" for k in ("base_steps", "n", "steps") if getattr(a, k, 1) < 1]
+    if low: return err(f"{', '.join(low)}: must be >= 1")
     try:
         if a.cmd == "info":
             _, meta = read_adapter(a.adapter)
             print(json.dumps(meta, indent=1)); return 0
         if a.cmd == "train":
             if a.out.suffix != ".safetensors": return err(f"OUT must end in .safetensors, got {a.out.name!r}")
+            if not a.folder.is_dir(): return err(f"image folder {a.folder} does not exist")   # before the base
             base = load_base(base_config(a.base_steps))
             cfg = LoRATrainConfig(rank=a.rank, alpha=a.alpha or float(a.rank), lr=a.lr, steps=a.steps, batch_size=a.batch_size,
                                   prior_images=a.prior_images, trigger=a.trigger, preview_every=0)
@@ -329,13 +377,17 @@ def lora_main(argv: list[str]) -> int:
         if a.cmd == "generate":
             from course_lib.viz import save_image_grid
             base = load_base(base_config(a.base_steps))
-            weights = {}
+            weights, triggers = {}, []
             for spec in a.adapter:
                 path, _, w = spec.partition("=")
-                meta = load_adapter(base, path, adapter_name=Path(path).stem)
+                name = re.sub(r"[^\w-]", "_", Path(path).stem)
+                while name in weights: name += "_"
+                meta = load_adapter(base, path, adapter_name=name)
                 weights[meta["adapter_name"]] = float(w) if w else 1.0
+                triggers.append(meta.get("trigger"))
             set_adapters(base, weights)
-            x = generate(base, a.prompt, n=a.n, seed=a.seed, num_inference_steps=a.steps)
+            trigger = next((t for t in triggers if t), TRIGGER)    # the word the adapter was trained with
+            x = generate(base, a.prompt, n=a.n, seed=a.seed, num_inference_steps=a.steps, trigger=trigger)
             save_image_grid(x, a.out, upscale=4); print(f"wrote {a.out}"); return 0
     except (ValueError, FileNotFoundError, NotADirectoryError) as e:
         return err(str(e))

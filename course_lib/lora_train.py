@@ -22,8 +22,9 @@ from .lora_data import CONCEPT_DIGIT, TRIGGER, ConceptDataset
 
 # %% auto #0
 __all__ = ['BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WORDS', 'BASE_RECIPE', 'LORA_TARGETS', 'base_config', 'load_base',
-           'encode_prompt', 'generate', 'add_lora', 'LoRATrainConfig', 'MetricsLog', 'TrainResult', 'PeakMemory',
-           'prior_set', 'train_lora', 'loss_figure', 'LoRADashboard', 'concept_report', 'adapter_file_bytes']
+           'encode_prompt', 'generate', 'check_target_modules', 'add_lora', 'LoRATrainConfig', 'MetricsLog',
+           'TrainResult', 'PeakMemory', 'prior_set', 'train_lora', 'loss_figure', 'LoRADashboard', 'concept_report',
+           'adapter_file_bytes']
 
 # %% ../nbs/42_lora_training.ipynb #e1b4475d
 BASE_CLASSES = tuple(range(9))
@@ -75,21 +76,64 @@ def generate(unet: nn.Module, prompts: str | Sequence[str], n: int | None = None
 # %% ../nbs/42_lora_training.ipynb #c616b6b4
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "time_emb_proj")
 
-def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None, target_modules: Sequence[str] = LORA_TARGETS,
-             adapter_name: str = "default", dropout: float = 0.0) -> nn.Module:
+def check_target_modules(model: nn.Module, target_modules: str | Sequence[str]) -> str | tuple[str, ...]:
+    """`target_modules` checked against `model`. A sequence is a list of names, each matching a module named so
+    or ending in `.name` (as in peft); a string is one such name when a module has it (`"to_q"`), else a
+    regular expression matched against whole module names (`re.fullmatch`, as peft reads a string).
+    Returns the names as a tuple, or the regular expression. Raises `TypeError` for another type and `ValueError` naming
+    every entry (or the expression) that matches no module of `model`, with the closest module names."""
+    import difflib, re
+    names = [n for n, _ in model.named_modules() if n]
+    leaves = sorted({n.split(".")[-1] for n in names})
+    if isinstance(target_modules, str) and any(n == target_modules or n.endswith("." + target_modules)
+                                               for n in names):
+        return (target_modules,)
+    if isinstance(target_modules, str):
+        if not any(re.fullmatch(target_modules, n) for n in names):
+            hint = difflib.get_close_matches(target_modules, leaves, n=2)
+            raise ValueError(f"target_modules={target_modules!r} is neither a module name of the model "
+                             f"{f'(did you mean {hint}?) ' if hint else ''}nor a regular expression matching "
+                             f"whole module names such as {names[-1]!r}")
+        return target_modules
+    if not isinstance(target_modules, (list, tuple)) or not all(isinstance(t, str) for t in target_modules):
+        raise TypeError(f"target_modules must be a string (a regular expression) or a list of module names, "
+                        f"got {target_modules!r}")
+    unmatched = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if unmatched:
+        hints = {t: difflib.get_close_matches(t, leaves, n=2) for t in unmatched}
+        raise ValueError("target_modules entries that match no module of the model: " + ", ".join(
+            f"{t!r} (did you mean {h}?)" if h else repr(t) for t, h in hints.items()))
+    return tuple(target_modules)
+
+# %% ../nbs/42_lora_training.ipynb #0e4ddfe7
+def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
+             target_modules: str | Sequence[str] = LORA_TARGETS, adapter_name: str = "default",
+             dropout: float = 0.0, use_rslora: bool = False, rank_pattern: dict | None = None,
+             alpha_pattern: dict | None = None) -> nn.Module:
     """Inject a `peft` LoRA adapter `adapter_name` (rank `rank`, `lora_alpha=alpha`, default `rank`) into `unet`'s
-    `target_modules` in place, freeze every other parameter, and return `unet`. Several adapters can live in one
-    model (see `course_lib.lora_io`). Raises `ValueError` for a bad rank/alpha or when no module matches."""
+    `target_modules` (see `check_target_modules`) in place, freeze every other parameter, and return `unet`.
+    `use_rslora` (scale alpha / sqrt(rank)), `rank_pattern`, `alpha_pattern`: as in peft's `LoraConfig`.
+    The new layers follow the mode of the layer they wrap (an eval model's dropout stays off). Several adapters
+    can live in one model (see `course_lib.lora_io`). Raises `ValueError` for a bad rank, alpha or adapter
+    name, and when a target matches no module."""
+    import re
     from peft import LoraConfig
     from peft.functional import inject_adapter_in_model
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1: raise ValueError(f"rank must be a positive int, got {rank!r}")
+    from peft.tuners.lora import LoraLayer
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive int, got {rank!r}")
     alpha = float(rank if alpha is None else alpha)
     if alpha <= 0: raise ValueError(f"alpha must be positive, got {alpha!r}")
-    names = [n for n, _ in unet.named_modules()]
-    if not any(n == t or n.endswith("." + t) for n in names for t in target_modules):
-        raise ValueError(f"no module of the model matches target_modules={list(target_modules)}")
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules), lora_dropout=dropout, init_lora_weights=True)
+    if not isinstance(adapter_name, str) or not re.fullmatch(r"[\w-]+", adapter_name):
+        raise ValueError(f"adapter_name must be letters, digits, '_' or '-' (peft keeps adapters in module "
+                         f"dicts, whose keys cannot hold '.'), got {adapter_name!r}")
+    targets = check_target_modules(unet, target_modules)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets if isinstance(targets, str) else list(targets),
+                     lora_dropout=dropout, init_lora_weights=True, use_rslora=use_rslora,
+                     rank_pattern=dict(rank_pattern or {}), alpha_pattern=dict(alpha_pattern or {}))
     inject_adapter_in_model(cfg, unet, adapter_name=adapter_name)
+    for m in unet.modules():
+        if isinstance(m, LoraLayer): m.train(m.get_base_layer().training)
     for n, p in unet.named_parameters(): p.requires_grad_(f".{adapter_name}." in n and "lora_" in n)
     return unet
 
@@ -107,7 +151,7 @@ class LoRATrainConfig:
     steps: int = 600
     batch_size: int = 16
     preview_every: int = 200
-    target_modules: tuple[str, ...] = LORA_TARGETS
+    target_modules: str | tuple[str, ...] = LORA_TARGETS
     adapter_name: str = "concept"
     trigger: str = TRIGGER
     prior_images: int = 256
@@ -117,7 +161,11 @@ class LoRATrainConfig:
     seed: int = 0
 
     def __post_init__(self):
-        self.target_modules = tuple(self.target_modules)
+        if isinstance(self.target_modules, str): pass       # one regular expression, as in peft
+        elif isinstance(self.target_modules, (list, tuple)) and all(isinstance(t, str) for t in self.target_modules):
+            self.target_modules = tuple(self.target_modules)
+        else: raise TypeError(f"target_modules must be a string (a regular expression) or a list of module names, "
+                              f"got {self.target_modules!r}")
         for k in ("steps", "batch_size", "rank"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be a positive int, got {v!r}")
