@@ -117,10 +117,14 @@ class FolderReport:
         lines += [f"  skipped {p.name}: {why}" for p, why in self.skipped]
         return "\n".join(lines)
 
-def open_image(path: str | os.PathLike, mode: str = "RGB"):
+def open_image(path: str | os.PathLike, mode: str = "RGB", alpha: str = "white"):
     """Open an image file fully (so truncation is detected now), apply its EXIF orientation and convert
-    it to `mode` ('RGB' or 'L'). Palette, RGBA/LA (composited on white), CMYK and 16-bit images are converted.
-    Raises `ValueError` naming the file and the reason when it cannot be read."""
+    it to `mode` ('RGB' or 'L'). Palette, RGBA/LA, CMYK and 16-bit images are converted. `alpha`: what a
+    transparent image becomes: 'white' (composited on white, as it looks on a page: the course's training
+    data) or 'drop' (the alpha channel ignored, as PIL's `convert('RGB')` in torch-fidelity, pytorch-fid and
+    clean-fid does: use it for metrics). Raises `ValueError` naming the file and the reason when it cannot
+    be read, or for another `alpha`."""
+    if alpha not in ("white", "drop"): raise ValueError(f"alpha must be 'white' or 'drop', got {alpha!r}")
     from PIL import Image, ImageOps, UnidentifiedImageError
     path = Path(path)
     try:
@@ -133,7 +137,7 @@ def open_image(path: str | os.PathLike, mode: str = "RGB"):
                 hi = 65535.0 if a.max() > 255 else 255.0
                 im = Image.fromarray(np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
             if im.mode == "P": im = im.convert("RGBA")
-            if im.mode in ("RGBA", "LA"):
+            if im.mode in ("RGBA", "LA") and alpha == "white":
                 bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
                 im = Image.alpha_composite(bg, im.convert("RGBA"))
             return im.convert(mode)

@@ -24,11 +24,12 @@ def inception_score(logits_or_probs, splits: int = 10, shuffle: bool = True, rng
     `shuffle`/`rng_seed`: permute the rows first with `np.random.RandomState(rng_seed)`, as
     `torch_fidelity.metric_isc.isc_features_to_metric` does (same result to ~1e-12).
     Returns `(mean, std)` over the splits (std with ddof=0, as torch-fidelity). Unitless, in [1, C].
-    Raises `ValueError` for fewer than 2 samples, NaN/inf values, `splits` < 1 or more splits than samples."""
+    Raises `ValueError` for fewer than 2 samples, NaN/inf values, `splits` < 1 or fewer than 2 samples a split."""
     x = check_features(logits_or_probs, "logits_or_probs", warn_rank=False)
     N, C = x.shape
-    if not isinstance(splits, (int, np.integer)) or splits < 1 or splits > N:
-        raise ValueError(f"splits={splits!r} must be an int in [1, N={N}] (each split needs at least one sample)")
+    if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or splits < 1 or N // splits < 2:
+        raise ValueError(f"splits={splits!r} must be an int in [1, N // 2 = {N // 2}] for N={N} samples: each "
+                         "split needs at least 2 (the IS of a single image is 1, whatever it shows)")
     if probs is None:
         probs = bool((x >= 0).all() and np.allclose(x.sum(1), 1.0, atol=1e-6))
     if shuffle: x = x[np.random.RandomState(rng_seed).permutation(N)]

@@ -131,23 +131,44 @@ def _normalise_batch(x, value_range=None) -> torch.Tensor:
 def _check_same_size(shapes: dict, what: str):
     if len(shapes) > 1:
         desc = ", ".join(f"{h}x{w} ({n} image{'s' * (n > 1)})" for (h, w), n in sorted(shapes.items()))
-        raise ValueError(f"{what} holds images of mixed sizes: {desc}. Resize them to one size first, or pass size=N to resize all to NxN")
+        raise ValueError(f"{what} holds images of mixed sizes: {desc}. Resize them to one size first, or resize "
+                         "all to N x N: size=N in Python, --size N with `course fid`")
+
+def _centre_square(im):
+    "The largest centred square of a PIL image (a crop: no resampling)."
+    w, h = im.size
+    s = min(w, h)
+    return im if w == h else im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
+
+def _has_transparency(path: Path) -> bool:
+    from PIL import Image
+    with Image.open(path) as im:
+        if im.mode not in ("RGBA", "LA", "PA") and "transparency" not in im.info: return False
+        return im.convert("RGBA").getchannel("A").getextrema()[0] < 255
 
 def _load_folder(folder: Path, size: int | None) -> torch.Tensor:
-    from PIL import ImageOps
+    """A folder's images as uint8 `(N, 3, H, W)`, read as torch-fidelity reads files (alpha dropped, with a
+    warning naming the transparent files). With `size`: each image centre-cropped to a square (no
+    resampling), then resized by `_resize_uint8`, the one pipeline of tensors and references too."""
     from course_lib.data import scan_image_folder, open_image
     rep = scan_image_folder(folder)
     if not rep.ok:
         raise ValueError(f"no usable images in {folder} ({len(rep.skipped)} other file(s)); the folder is empty or holds no png/jpg/webp/bmp images")
     if rep.skipped:
         warnings.warn(f"{len(rep.skipped)} file(s) in {folder} skipped: " + "; ".join(f"{p.name} ({why})" for p, why in rep.skipped[:5]))
-    ims = [open_image(p, "RGB") for p in rep.ok]
+    clear = [p.name for p in rep.ok if _has_transparency(p)]
+    if clear:
+        warnings.warn(f"{len(clear)} image(s) in {folder} have an alpha channel with transparent pixels "
+                      f"({', '.join(clear[:3])}...): the alpha channel is dropped, as torch-fidelity, pytorch-fid "
+                      "and clean-fid do; composite them onto a background first if that is what you mean")
+    ims = [open_image(p, "RGB", alpha="drop") for p in rep.ok]
     if size is None:
         shapes: dict = {}
         for im in ims: shapes[(im.size[1], im.size[0])] = shapes.get((im.size[1], im.size[0]), 0) + 1
         _check_same_size(shapes, f"folder {folder}")
-    else: ims = [ImageOps.fit(im, (size, size)) for im in ims]
-    return torch.from_numpy(np.stack([np.asarray(im, dtype=np.uint8) for im in ims])).permute(0, 3, 1, 2).contiguous()
+        return torch.from_numpy(np.stack([np.asarray(im, dtype=np.uint8) for im in ims])).permute(0, 3, 1, 2).contiguous()
+    as_t = lambda im: torch.from_numpy(np.array(_centre_square(im), dtype=np.uint8)).permute(2, 0, 1)[None]
+    return torch.cat([_resize_uint8(as_t(im), size) for im in ims])
 
 def as_uint8_images(source, num_samples: int | None = None, size: int | None = None, batch_size: int = 256,
                     value_range: tuple | None = None) -> torch.Tensor:
@@ -159,9 +180,10 @@ def as_uint8_images(source, num_samples: int | None = None, size: int | None = N
     - a tensor or array `(N, C, H, W)`, `(N, H, W, C)` or `(N, H, W)`: uint8 in [0, 255], or float in [-1, 1]
       (detected by negative values) or [0, 1] (`value_range` forces one); 1 channel is repeated to 3;
     - a `Dataset` (or list) whose items are images or tuples `(image, label, ...)` (the first element is used);
-    - a callable `f(batch_size) -> images` (a sampler): called until `num_samples` images are collected.
+    - a callable `f(batch_size) -> images` (a sampler): called until `num_samples` images are collected; the
+      value range of float images is decided once, from the first batch (or `value_range`).
     `num_samples`: keep the first `num_samples` (required for a callable). `size`: resize all images to
-    `size` x `size` (bilinear, antialiased). Everything is loaded into memory (fine for the course's sizes).
+    `size` x `size` (bilinear, antialiased; folders: centre square first), one pipeline for every source. Everything is loaded into memory (fine for the course's sizes).
     Raises `ValueError` for an empty or missing folder, mixed image sizes, NaN pixels, an out-of-range float,
     zero images; `TypeError` for an unsupported source or dtype."""
     if isinstance(source, (str, Path)):
@@ -176,7 +198,10 @@ def as_uint8_images(source, num_samples: int | None = None, size: int | None = N
         if not num_samples or num_samples < 1: raise ValueError("a sampling function needs num_samples >= 1")
         parts, got = [], 0
         while got < num_samples:
-            b = _normalise_batch(source(min(batch_size, num_samples - got)), value_range)
+            raw = source(min(batch_size, num_samples - got))
+            if value_range is None and torch.is_tensor(raw) and raw.is_floating_point():
+                value_range = (-1.0, 1.0) if float(raw.min()) < -1e-6 else (0.0, 1.0)   # decided once
+            b = _normalise_batch(raw, value_range)
             if len(b) == 0: raise ValueError("the sampling function returned no images")
             parts.append(b); got += len(b)
         x = torch.cat(parts)
@@ -257,7 +282,8 @@ def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid
     A `kid_subset_size` above the smaller sample count is clamped with a warning (as `kid` does).
     Returns a dict with 'fid', 'is_mean', 'is_std', 'kid_mean', 'kid_std', 'precision', 'recall', 'f_score'
     (those requested) and 'n_generated', 'n_reference', 'extractor'. FID/KID are in squared feature units.
-    Raises `ValueError` for unknown metrics/extractors and bad images, `OfflineError` without Inception weights."""
+    Raises `ValueError` for unknown metrics/extractors, bad images, fewer than 2 images a split for IS, or a
+    metric that comes out undefined (NaN); `OfflineError` without Inception weights."""
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     bad = [m for m in metrics if m not in METRIC_NAMES]
     if bad or not metrics: raise ValueError(f"metrics={metrics!r}: choose from {METRIC_NAMES}")
@@ -267,6 +293,11 @@ def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid
     ref_size = size or (gen.shape[-1] if gen.shape[-1] == gen.shape[-2] else None)
     is_named = isinstance(reference, str) and reference in REFERENCES
     ref = as_uint8_images(reference, size=ref_size if is_named else size) if binary else None
+    if "isc" in metrics and (isinstance(isc_splits, bool) or not isinstance(isc_splits, int)
+                             or isc_splits < 1 or len(gen) // isc_splits < 2):
+        raise ValueError(f"isc_splits={isc_splits!r} with {len(gen)} generated images: the Inception Score needs "
+                         f"at least 2 images a split (the IS of one image is 1); pass isc_splits <= "
+                         f"{max(len(gen) // 2, 1)} or more images")
     for what, x in (("generated", gen), ("reference", ref)):
         if x is not None and len(x) < 2: raise ValueError(f"{what}: {len(x)} image(s); the metrics need at least 2 (thousands for FID)")
     kw = dict(input1=UInt8Images(gen), fid="fid" in metrics, isc="isc" in metrics, kid="kid" in metrics,
@@ -300,6 +331,10 @@ def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid
             "precision": "precision", "recall": "recall", "f_score": "f_score"}
     for k, v in r.items():
         if k in keys: out[keys[k]] = float(v)
+    undefined = {k: v for k, v in out.items() if not np.isfinite(v)}
+    if undefined:
+        raise ValueError(f"torch-fidelity returned {undefined} for {len(gen)} generated and "
+                         f"{len(ref) if ref is not None else 0} reference images: undefined for this input")
     out.update(n_generated=len(gen), n_reference=len(ref) if ref is not None else 0, extractor=extractor)
     return out
 
@@ -417,6 +452,7 @@ def fid_main(argv: list[str]) -> int:
     except SystemExit as e: return int(e.code or 0) if e.code in (0, None) else 2
     err = lambda msg: (print(f"course fid: {msg}", file=sys.stderr), 2)[1]
     is_npz = lambda s: str(s).endswith(".npz")
+    if a.size is not None and a.size < 1: return err(f"--size must be >= 1, got {a.size}")
     if (a.isc and is_npz(a.a)) or (a.kid and (is_npz(a.a) or is_npz(a.b))):
         return err("--isc needs images for A and --kid needs images for A and B, not .npz statistics")
     try:
@@ -425,10 +461,19 @@ def fid_main(argv: list[str]) -> int:
             out: dict = {"extractor": a.extractor}
             def stats(s):
                 if is_npz(s): return load_statistics(s)
-                if str(s) in REFERENCES: return reference_statistics(str(s), a.extractor, a.weights, size=a.size or 16)
+                if str(s) in REFERENCES:       # at the other side's size, so both go through one resize
+                    return reference_statistics(str(s), a.extractor, a.weights, size=a.size or other_size(s))
                 f = extract_features(s, a.extractor, a.weights, size=a.size)["features"]
                 mu, sigma = feature_statistics(f, str(s))
                 return {"mu": mu, "sigma": sigma, "n": len(f), "extractor": a.extractor}
+            def other_size(s):
+                o = a.b if s == a.a else a.a
+                if is_npz(o) or str(o) in REFERENCES: return DIGITS_FEATURE_SIZE
+                from PIL import Image
+                from course_lib.data import scan_image_folder
+                files = scan_image_folder(o).ok if Path(o).is_dir() else []
+                if not files: return DIGITS_FEATURE_SIZE      # the folder's own error comes when it is read
+                with Image.open(files[0]) as im: return min(im.size)
             sa, sb = stats(a.a), stats(a.b)
             if sa["mu"].shape != sb["mu"].shape:
                 return err(f"A has {sa['mu'].shape[0]}-d statistics and B {sb['mu'].shape[0]}-d: they come from different extractors")
@@ -437,7 +482,12 @@ def fid_main(argv: list[str]) -> int:
             if a.save_stats: save_statistics(a.save_stats, sb["mu"], sb["sigma"], sb["n"], a.extractor)
             if a.isc or a.kid:
                 fa = extract_features(a.a, a.extractor, a.weights, size=a.size)
-                if a.isc: out["is_mean"], out["is_std"] = inception_score(fa["logits"], splits=min(10, len(fa["logits"])))
+                if a.isc:
+                    n = len(fa["logits"])
+                    if n < 4: return err(f"--isc needs at least 4 images in A (2 splits of 2), got {n}")
+                    splits = min(10, n // 2)
+                    if splits < 10: warnings.warn(f"IS over {n} images: {splits} splits of {n // splits}")
+                    out["is_mean"], out["is_std"] = inception_score(fa["logits"], splits=splits)
                 if a.kid:
                     fb = extract_features(a.b, a.extractor, a.weights, size=a.size)
                     out["kid_mean"], out["kid_std"] = kid(fa["features"], fb["features"], subset_size=a.kid_subset_size)
