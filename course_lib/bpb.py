@@ -257,10 +257,16 @@ def bpb_main(argv: list[str]) -> int:
     try: model, tok = load_local_lm(a.model)
     except (FileNotFoundError, OSError, ValueError) as e: print(f"course bpb: {e}", file=sys.stderr); return 2
     try:
+        window = a.window or model_window(model)
+        try: ctx = model_window(model)
+        except ValueError: ctx = window                     # a model that does not say: trust --window
+        if window > ctx: raise ValueError(f"--window {window} is longer than the model's context ({ctx} tokens)")
+        if a.stride is not None and a.stride > window: raise ValueError(f"--stride {a.stride} > window {window}")
         docs = [r for f in a.files for r in load_corpus(f)]
         if a.max_docs: docs = docs[: a.max_docs]
         rep = bpb(model, tok, docs, window=a.window, stride=a.stride, batch_size=a.batch_size)
-    except (PileFormatError, ValueError) as e: print(f"course bpb: {e}", file=sys.stderr); return 1
+    except PileFormatError as e: print(f"course bpb: {e}", file=sys.stderr); return 1   # a corrupt data file
+    except ValueError as e: print(f"course bpb: {e}", file=sys.stderr); return 2
     out = {"model": str(a.model), "window": rep.window, "stride": rep.stride, "subsets": rep.table()}
     if a.compressors: out["compressors"] = compressor_table(docs, ("gzip-9", "bz2-9", "lzma-9e", "zstd-19"))
     if a.json: print(json.dumps(out, indent=1)); return 0

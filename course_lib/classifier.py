@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
+from .core import grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_float
 
 # %% auto #0
@@ -100,6 +100,7 @@ def accuracy(model: nn.Module, ds=None, batch_size: int = 512) -> float:
     model.train(was)
     return correct / len(ds)
 
+@grad_enabled
 def train_digits_classifier(config: ClassifierConfig | None = None, device=None, progress: bool = False) -> DigitsClassifier:
     """Train a `DigitsClassifier` on `Digits('train', size=16)` with `augment`; returns it in eval mode.
 

@@ -15,10 +15,11 @@ import course_lib
 from .core import atomic_write, read_results
 
 # %% auto #0
-__all__ = ['PROFILES', 'KERNEL_NAME', 'SKIP_FLAGS', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'project_root', 'Unit', 'load_unit',
-           'load_units', 'find_unit', 'current_kernelspec_dir', 'notebook_parameters', 'cell_flags',
-           'unavailable_flags', 'drop_flagged_cells', 'NotebookFailed', 'run_notebook', 'results_table', 'run_units',
-           'doctor_report', 'run_plugin', 'is_checked', 'keep_checked_outputs', 'freeze_notebook', 'write_readme',
+__all__ = ['PROFILES', 'KERNEL_NAME', 'SKIP_FLAGS', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'USER_ERRORS',
+           'project_root', 'Unit', 'load_unit', 'load_units', 'find_unit', 'current_kernelspec_dir',
+           'notebook_parameters', 'cell_flags', 'unavailable_flags', 'drop_flagged_cells', 'NotebookFailed',
+           'run_notebook', 'results_table', 'run_units', 'doctor_report', 'run_plugin', 'is_checked',
+           'keep_checked_outputs', 'freeze_notebook', 'write_readme', 'UnstableOutput', 'unstable_outputs',
            'build_parser', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0f513a9
@@ -152,6 +153,7 @@ def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params
     dropped when that resource is unavailable (or those in `skip`, if given). Returns `{'seconds': float, 'params': dict}`.
     Raises `NotebookFailed` (with the cell index) when a cell raises; the executed notebook is still written."""
     import papermill as pm
+    from nbclient.exceptions import CellTimeoutError
     import nbformat
     nb_path, out_path = Path(nb_path), Path(out_path)
     declared = notebook_parameters(nb_path)
@@ -172,6 +174,10 @@ def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params
         pm.execute_notebook(str(src), str(out_path), parameters=params, kernel_name=KERNEL_NAME, language="python",
                             cwd=str(nb_path.parent), progress_bar=progress, execution_timeout=timeout,
                             log_output=False)
+    except CellTimeoutError:
+        orig = nbformat.read(str(nb_path), as_version=4).cells
+        raise NotebookFailed(nb_path, _last_started_cell(out_path, orig), "CellTimeoutError",
+                             f"the cell ran longer than the timeout ({timeout} s)", out_path) from None
     except pm.PapermillExecutionError as e:
         # report the cell's index in the notebook as written (papermill counts its injected cell too)
         orig = nbformat.read(str(nb_path), as_version=4).cells
@@ -183,6 +189,16 @@ def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params
             else: os.environ[k] = v
         shutil.rmtree(kdir, ignore_errors=True)
     return {"seconds": time.time() - t0, "params": params}
+
+# %% ../nbs/90_cli.ipynb #5c1e0a71
+def _last_started_cell(executed: Path, orig_cells) -> int:
+    "Index in `orig_cells` of the last cell papermill started in the executed notebook (-1 if unknown)."
+    import nbformat
+    try: cells = nbformat.read(str(executed), as_version=4).cells
+    except (OSError, ValueError): return -1
+    started = [c for c in cells if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    if not started: return -1
+    return next((i for i, c in enumerate(orig_cells) if c.source == started[-1].source), -1)
 
 # %% ../nbs/90_cli.ipynb #c7be9815
 def _fmt(v) -> str:
@@ -295,7 +311,8 @@ def keep_checked_outputs(nb) -> Any:
     return nb
 
 def freeze_notebook(nb_path: str | os.PathLike, profile: str = "quick", unit: Unit | None = None) -> Path:
-    "Execute `nb_path` with `profile` and write it back with only checked outputs (then run `nbdev_clean`)."
+    """Execute `nb_path` with `profile` and write it back with only checked outputs (then run `nbdev_clean`).
+    Raises `UnstableOutput` (and leaves the notebook as it was) when a checked output changes from run to run."""
     import nbformat
     nb_path = Path(nb_path).resolve()
     if unit is None:
@@ -311,6 +328,8 @@ def freeze_notebook(nb_path: str | os.PathLike, profile: str = "quick", unit: Un
     for c in orig.cells:
         if c.cell_type == "code": c.outputs = by_id.get(c.get("id"), {}).get("outputs", [])
     keep_checked_outputs(orig)
+    bad = unstable_outputs(orig)
+    if bad: raise UnstableOutput(nb_path, *bad[0])
     with atomic_write(nb_path, "w") as f: nbformat.write(orig, f)
     from nbdev.clean import nbdev_clean
     nbdev_clean(fname=str(nb_path))
@@ -335,6 +354,38 @@ def write_readme(root: str | os.PathLike | None = None) -> Path:
     with atomic_write(root/"README.md", "w") as f: f.write(text)
     return root/"README.md"
 
+# %% ../nbs/90_cli.ipynb #3f9d7c42
+UNSTABLE_OUTPUTS = {
+    "a memory address": r"\bat 0x[0-9a-fA-F]{4,}",
+    "a figure's repr": r"<Figure size [^>\n]*>",
+    "a timing": (r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|us|ns|sec|secs|seconds|min|minutes)\b|\bs/it\b|\bit/s\b"
+                 r"|\d\d:\d\d<\d\d:\d\d|Wall time|CPU times"),
+}
+
+class UnstableOutput(RuntimeError):
+    "A checked cell prints something that changes from run to run; `.notebook`, `.cell`, `.kind`, `.text` say what."
+    def __init__(self, notebook, cell, kind, text):
+        self.notebook, self.cell, self.kind, self.text = notebook, cell, kind, text
+        super().__init__(f"{Path(notebook).name}: cell {cell} (# {CHECK_MARKER}) prints {text!r}: {kind} "
+                         "changes from run to run, so nbval would fail the next test run. Print a stable value, "
+                         f"or remove # {CHECK_MARKER} from that cell. The notebook was not changed.")
+
+def unstable_outputs(nb) -> list[tuple[int, str, str]]:
+    "`(cell index, kind, the line)` for each text output of a checked cell that matches `UNSTABLE_OUTPUTS`."
+    import re
+    found = []
+    for i, c in enumerate(nb.cells):
+        if not is_checked(c): continue
+        for o in c.get("outputs", []):
+            text = o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
+            text = "".join(text) if isinstance(text, list) else text
+            for kind, pattern in UNSTABLE_OUTPUTS.items():
+                m = re.search(pattern, text)
+                if m is None: continue
+                line = text[:m.start()].rsplit("\n", 1)[-1] + text[m.start():].split("\n", 1)[0]
+                found.append((i, kind, line.strip()[:120]))
+    return found
+
 # %% ../nbs/90_cli.ipynb #d4902e9c
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course", description="Run and inspect the course_lib units.",
@@ -356,12 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
     for k, v in PLUGINS.items(): sub.add_parser(k, help=v[2], add_help=False)
     return p
 
-def main(argv: list[str] | None = None) -> int:
-    "Entry point of the `course` command; returns the exit code (0 ok, 1 a run failed, 2 bad usage)."
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _dispatch(argv: list[str]) -> int:
+    "The work of `main`: parse `argv` and run the command; returns the exit code."
     if argv and argv[0] in PLUGINS: return run_plugin(argv[0], argv[1:])
     p = build_parser()
-    try: a = p.parse_args(argv)
+    try:
+        a = p.parse_args(argv)
+        if a.cmd == "run" and a.timeout is not None and a.timeout < 1:
+            p.error(f"argument --timeout: must be >= 1 (seconds), got {a.timeout}")
     except SystemExit as e: return int(e.code or 0)
     if a.cmd is None: p.print_help(); return 2
     if a.cmd == "doctor":
@@ -384,10 +437,32 @@ def main(argv: list[str] | None = None) -> int:
         out = a.out or root/"runs"/f"{a.unit}-{a.profile}"
         return run_units(chosen, a.profile, out, a.timeout)
     if a.cmd == "freeze":
+        bad = [str(nb) for nb in a.notebooks if nb.suffix != ".ipynb" or not nb.is_file()]
+        if bad: print(f"course freeze: error: no such notebook (.ipynb): {', '.join(bad)}", file=sys.stderr); return 2
         for nb in a.notebooks:
             try: print(f"froze {freeze_notebook(nb, a.profile)}")
-            except NotebookFailed as e: print(f"course freeze: {e}", file=sys.stderr); return 1
+            except (NotebookFailed, UnstableOutput) as e: print(f"course freeze: {e}", file=sys.stderr); return 1
         return 0
     if a.cmd == "readme":
         print(f"wrote {write_readme(root)}"); return 0
     return 2
+
+# %% ../nbs/90_cli.ipynb #9a4d6f28
+USER_ERRORS = (ValueError, OSError)
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `course` command; returns the exit code (0 ok, 1 a run failed, 2 bad usage).
+    `USER_ERRORS` (bad input: the library's messages name the value) print `course CMD: error: ...` and
+    return 2; Ctrl-C returns 130; any other exception is a bug and propagates with its traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = " ".join(["course", *argv[:1]]) if argv and not argv[0].startswith("-") else "course"
+    try: return _dispatch(argv)
+    except BrokenPipeError:                  # `course ... | head` closed the pipe: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{name}: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2

@@ -15,7 +15,8 @@ if TYPE_CHECKING: import torch   # for the annotations only (they are strings: s
 
 # %% auto #0
 __all__ = ['seed_everything', 'seed_worker', 'get_device', 'cache_dir', 'artifact_dir', 'atomic_write', 'save_checkpoint',
-           'load_checkpoint', 'results_path', 'read_results', 'record', 'in_colab', 'network_available', 'OfflineError']
+           'load_checkpoint', 'results_path', 'read_results', 'record', 'in_colab', 'network_available', 'OfflineError',
+           'grad_enabled']
 
 # %% ../nbs/00_core.ipynb #23c45c88
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -253,3 +254,17 @@ def network_available(host: str = "huggingface.co", port: int = 443, timeout: fl
 
 class OfflineError(RuntimeError):
     "Raised by a loader that needs the network when it is not reachable; the message names the embedded alternative."
+
+# %% ../nbs/00_core.ipynb #3ca72c3f
+def grad_enabled(fn):
+    """Decorator: run `fn` with gradients on, even when it is called inside `torch.no_grad()` or
+    `torch.inference_mode()` (a cached-model loader that trains on a cache miss). The caller's mode is
+    restored afterwards."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch
+        with torch.inference_mode(False), torch.enable_grad():
+            return fn(*args, **kwargs)
+    return wrapper

@@ -154,7 +154,7 @@ from torch import nn
 if TYPE_CHECKING:
     from diffusers import UNet2DModel
 
-from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
+from .core import grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_float, to_uint8
 
 # %% ../nbs/11_ddpm_training.ipynb #bc3b58ce
@@ -363,6 +363,7 @@ def read_checkpoint(checkpoint_dir: str | os.PathLike, config: DDPMConfig | None
     meta["config"] = ck
     return state, meta
 
+@grad_enabled
 def train_ddpm(config: DDPMConfig | None = None, dataset=None, checkpoint_dir: str | os.PathLike | None = None,
                resume: bool = True, progress: bool = True, callback: Callable[[int, float], None] | None = None,
                accelerator=None) -> nn.Module:

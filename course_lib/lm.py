@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .core import cache_dir, seed_everything
+from .core import grad_enabled, cache_dir, seed_everything
 from .pile import mini_pile, read_jsonl_zst
 
 # %% auto #0
@@ -63,6 +63,7 @@ def token_blocks(tokenizer, texts: Iterable[str], block: int) -> torch.Tensor:
     if n == 0: raise ValueError(f"only {len(ids)} tokens of training text: need at least {block + 1}")
     return torch.tensor(ids[: n * (block + 1)]).view(n, block + 1)
 
+@grad_enabled
 def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None, progress: bool = False):
     """Train a byte-level BPE tokenizer and a `GPT2LMHeadModel` (cfg sizes) on `texts`.
 

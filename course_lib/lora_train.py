@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .core import get_device
+from .core import grad_enabled, get_device
 from .ddpm import DDPMConfig, diffusion_target, load_pretrained_ddpm, make_scheduler, sample
 from .lora_data import CONCEPT_DIGIT, TRIGGER, ConceptDataset
 
@@ -248,6 +248,7 @@ def prior_set(base: nn.Module, n: int, classes: Sequence[int] = BASE_CLASSES, se
     x = sample(base, make_scheduler(sampler, base.ddpm_config), n, num_inference_steps, generator=g, class_labels=y)[1]
     return x, y
 
+@grad_enabled
 def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig | None = None,
                callback: Callable[[dict, torch.Tensor | None], None] | None = None,
                stop_event: threading.Event | None = None, log: str | os.PathLike | None = None,

@@ -607,6 +607,10 @@ def pile_main(argv: list[str]) -> int:
     except SystemExit as e: return int(e.code or 0)
     if a.cmd is None: p.print_help(sys.stderr); return 2
     if a.cmd == "build-mini":
+        err = lambda m: (print(f"course pile build-mini: {m}", file=sys.stderr), 2)[1]
+        if not (a.max_mb > 0 and a.max_doc_kb > 0):
+            return err(f"--max-mb and --max-doc-kb must be > 0, got {a.max_mb:g} and {a.max_doc_kb:g}")
+        if Path(a.out).exists() and not Path(a.out).is_dir(): return err(f"{a.out} is a file, not a folder")
         try: paths = build_mini_pile(a.out, a.max_mb, a.max_doc_kb)
         except (OSError, RuntimeError) as e: print(f"course pile build-mini: {e}", file=sys.stderr); return 1
         for sp, path in paths.items(): print(f"{sp:<6} {path}  {path.stat().st_size/1e6:.2f} MB")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .core import cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
+from .core import grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything
 
 # %% auto #0
 __all__ = ['GaussianMixture', 'make_mixture', 'toy_data', 'dsm_loss', 'ssm_loss', 'ScoreMLP', 'ToyScoreConfig', 'sample_sigmas', 'train_toy_score', 'load_toy_score', 'score_error', 'relative_score_errors', 'LangevinDivergedError', 'langevin', 'annealed_langevin', 'geometric_sigmas', 'component_weights', 'energy_distance', 'sliced_wasserstein', 'sample_report', 'NCSNConfig', 'NCSN', 'train_ncsn', 'load_ncsn', 'SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 'mixture_score_fn', 've_score_fn', 'euler_maruyama_sampler', 'reverse_diffusion_step', 'langevin_corrector_step', 'pc_sampler', 'ode_sampler', 'ode_likelihood', 'bits_per_dim', 'ScheduleVPSDE', 'ddpm_score_fn', 'dequantize', 'ddpm_vs_sde_step', 'sample_three_ways', 'ddpm_elbo_bpd']
@@ -197,6 +197,7 @@ def sample_sigmas(n: int, sigma_min: float, sigma_max: float, generator: torch.G
     u = torch.rand(n, generator=generator)
     return sigma_min * (sigma_max / sigma_min) ** u
 
+@grad_enabled
 def train_toy_score(config: ToyScoreConfig, progress: bool = False) -> tuple[ScoreMLP, list[float]]:
     """Train a `ScoreMLP` on `toy_data(config.data)` with `dsm_loss` or `ssm_loss` (Adam, cosine learning-rate decay).
     Returns `(model in eval mode on the CPU, losses per step)`."""
@@ -408,6 +409,7 @@ class NCSN(nn.Module):
         t = 1000 * (sigma.log() - math.log(c.sigma_min)) / (math.log(c.sigma_max) - math.log(c.sigma_min))
         return self.unet(x, t).sample / sigma.reshape(-1, 1, 1, 1)
 
+@grad_enabled
 def train_ncsn(config: NCSNConfig, progress: bool = False) -> tuple[NCSN, list[float]]:
     """Train an `NCSN` on `Digits('train', size=config.size)` with `dsm_loss` (sigma log-uniform in
     [sigma_min, sigma_max]), Adam with cosine decay, on `get_device()`. Returns `(model in eval mode on the CPU, losses)`."""

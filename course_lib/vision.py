@@ -276,6 +276,8 @@ def finetune_main(argv: list[str] | None = None) -> int:
     if strategy != "scratch" and a.pretrained is None:
         return fail(f"--strategy {strategy} needs --pretrained FILE (a safetensors checkpoint); use --strategy scratch without one")
     if a.steps < 1 or a.batch_size < 1: return fail(f"--steps and --batch-size must be >= 1, got {a.steps}, {a.batch_size}")
+    if a.img_size is not None and a.img_size < 1: return fail(f"--img-size must be >= 1, got {a.img_size}")
+    if not a.lr > 0: return fail(f"--lr must be > 0, got {a.lr:g}")
     try:
         check_model_name(a.model)
         in_chans = a.in_chans

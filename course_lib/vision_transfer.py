@@ -16,7 +16,7 @@ import timm
 from filelock import FileLock
 from torch.utils.data import TensorDataset
 
-from .core import seed_everything, get_device, cache_dir, save_checkpoint
+from .core import grad_enabled, seed_everything, get_device, cache_dir, save_checkpoint
 from .data import Digits
 from .vision_registry import check_model_name, model_data_config, model_in_chans, normalize_images
 
@@ -228,6 +228,7 @@ def _tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
     items = [ds[i] for i in range(len(ds))]
     return torch.stack([torch.as_tensor(a) for a, _ in items]), torch.as_tensor([int(b) for _, b in items])
 
+@grad_enabled
 def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
              pretrained_file: str | os.PathLike | None = None, num_classes: int | None = None,
              config: FinetuneConfig | None = None, model_kwargs: dict | None = None,

@@ -150,8 +150,33 @@ def notebook_undefined_names(nb_path: Path) -> list[str]:
         lines.append("")
     rep = _Collect()
     flakes_api.check("\n".join(lines), nb_path.name, rep)
-    return rep.errors + [f"{nb_path.name}: {m.message % m.message_args}" for m in rep.messages
-                         if isinstance(m, flakes_messages.UndefinedName)]
+    found = [f"{nb_path.name}: {m.message % m.message_args}" for m in rep.messages
+             if isinstance(m, flakes_messages.UndefinedName)]
+    for m in rep.messages:      # `from course_lib.x import *` gives only the names in x's __all__
+        if isinstance(m, flakes_messages.ImportStarUsage):
+            name, sources = m.message_args
+            if not any(name in _module_all(mod) for mod in sources.split(", ")):
+                found.append(f"{nb_path.name}: undefined name {name!r} (not in the __all__ of {sources})")
+    return rep.errors + found
+
+
+def _module_all(module: str) -> set[str]:
+    "The names in `__all__` of a course_lib module, read from its source (other modules: every name)."
+    import ast
+    if not module.startswith("course_lib."): return _EVERYTHING
+    path = ROOT / "course_lib" / (module.split(".", 1)[1] + ".py")
+    if not path.is_file(): return set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+class _Everything(set):
+    def __contains__(self, item): return True
+
+
+_EVERYTHING = _Everything()
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
@@ -161,8 +186,10 @@ def test_notebook_uses_no_undefined_name(nb_path):
 
 
 def test_notebook_check_catches_a_missing_import(tmp_path):
-    nb = {"cells": [_cell("x = 1"), _cell("if True:\n    %time y = x\nprint(np.zeros(3))")],
+    nb = {"cells": [_cell("x = 1"), _cell("from course_lib.core import *\nseed_everything(0)\nrecord_x(1)"),
+                    _cell("if True:\n    %time y = x\nprint(np.zeros(3))")],
           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     (tmp_path / "a.ipynb").write_text(json.dumps(nb))
     found = notebook_undefined_names(tmp_path / "a.ipynb")
-    assert found == ["a.ipynb: undefined name 'np'"], found
+    assert sorted(found) == ["a.ipynb: undefined name 'np' (not in the __all__ of course_lib.core)",
+                             "a.ipynb: undefined name 'record_x' (not in the __all__ of course_lib.core)"], found
