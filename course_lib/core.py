@@ -100,8 +100,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 def _remove_stale_tmps(path: Path) -> list[Path]:
-    """Remove the temporary files that killed `atomic_write`s to `path` left behind: those whose writer
-    (same host) is dead, or that nobody has touched for `_STALE_AFTER_S`. A live writer's file is kept."""
+    """Remove the temporary files that killed `atomic_write`s to `path` left behind: those whose
+    writer (same host) is dead, or untouched for `_STALE_AFTER_S`. A live writer's file is kept."""
     removed, prefix = [], f".{path.name}."
     for tmp in path.parent.iterdir():
         m = _TMP_NAME.fullmatch(tmp.name[len(prefix):]) if tmp.name.startswith(prefix) else None

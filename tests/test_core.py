@@ -1,6 +1,5 @@
 """Core: seeds, device choice, atomic checkpoints (a killed write leaves nothing under the final name), results."""
-import json, multiprocessing as mp, os, signal, subprocess, sys, time
-from pathlib import Path
+import contextlib, os, signal, subprocess, sys, time
 
 import numpy as np
 import pytest
@@ -54,19 +53,76 @@ def test_load_checkpoint_errors(tmp_path):
     with pytest.raises(TypeError, match="cannot store"): save_checkpoint(tmp_path / "x.safetensors", {"f": object()})
 
 
-def _slow_writer(path):
-    from course_lib.core import atomic_write
-    with atomic_write(path, "wb") as f:
-        for _ in range(1000):
-            f.write(b"x" * 100_000); f.flush(); time.sleep(0.01)
+# A writer in a fresh interpreter (course_lib.core imports without torch: it starts in ~0.3 s).
+# "atomic" writes through atomic_write; "direct" is a deliberately NON-atomic writer (open the final
+# path and write), run to prove that the test below catches a write that is not atomic.
+_WRITER = """
+import sys, time
+from course_lib.core import atomic_write
+path, how, pause = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with (atomic_write(path, "wb") if how == "atomic" else open(path, "wb")) as f:
+    for _ in range(6000):
+        f.write(b"x" * 10_000)
+        f.flush()
+        time.sleep(pause)
+"""
 
 
-def test_killed_write_leaves_old_file(tmp_path):
+def _start_writer(target, how, pause=0.01):
+    "Start a writer and return it once some of its bytes are on disk (it is mid-write), with the file."
+    before = {f for f in target.parent.iterdir() if f != target}   # leftovers of earlier writers
+    p = subprocess.Popen([sys.executable, "-c", _WRITER, str(target), how, str(pause)])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for f in set(target.parent.iterdir()) - before:
+            with contextlib.suppress(FileNotFoundError), open(f, "rb") as fh:
+                if fh.read(1) == b"x": return p, f
+        if p.poll() is not None: raise AssertionError(f"writer exited early with {p.returncode}")
+        time.sleep(0.005)
+    p.kill()
+    raise AssertionError(f"no bytes written in {target.parent} after 30 s")
+
+
+def _kill(p):
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+@pytest.mark.parametrize("how", ["atomic", "direct"])
+def test_killed_write_leaves_old_file(tmp_path, how):
     target = tmp_path / "model.safetensors"
     target.write_bytes(b"old complete file")
-    p = mp.get_context("spawn").Process(target=_slow_writer, args=(target,))
-    p.start(); time.sleep(1.5); os.kill(p.pid, signal.SIGKILL); p.join()
-    assert target.read_bytes() == b"old complete file"
+    p, written = _start_writer(target, how)
+    _kill(p)                                   # SIGKILL while the writer is writing
+    assert p.returncode == -signal.SIGKILL
+    if how == "direct":                        # the machinery detects a non-atomic write...
+        assert written == target and target.read_bytes()[:1] == b"x"
+    else:                                      # ...and atomic_write keeps the old file
+        assert written != target and written.stat().st_size > 0
+        assert target.read_bytes() == b"old complete file"
+
+
+def test_atomic_write_removes_stale_tmp_files(tmp_path):
+    target, other = tmp_path / "m.bin", tmp_path / "m.bin.1"
+    target.write_bytes(b"old")
+    live, live_tmp = _start_writer(target, "atomic", pause=60)   # a writer still running
+    try:
+        p, dead_tmp = _start_writer(target, "atomic")
+        _kill(p)                               # a killed writer leaves its temporary file...
+        p, other_tmp = _start_writer(other, "atomic")
+        _kill(p)                               # (one of another target, whose name starts alike)
+        assert dead_tmp.exists() and other_tmp.exists() and live_tmp.exists()
+        with atomic_write(target, "wb") as f: f.write(b"new")
+        assert not dead_tmp.exists()           # ...which the next write to the target removes,
+        assert live_tmp.exists() and other_tmp.exists()     # but not a running writer's file
+        assert target.read_bytes() == b"new"
+        os.utime(live_tmp, (time.time() - 2 * 86400,) * 2)  # untouched for two days: stale
+        with atomic_write(target, "wb") as f: f.write(b"newer")
+        assert not live_tmp.exists() and other_tmp.exists()
+    finally:
+        _kill(live)
+    names = sorted(f.name for f in tmp_path.iterdir())
+    assert names == sorted([target.name, other_tmp.name]), names
 
 
 def test_record_and_read(monkeypatch, tmp_path):

@@ -21,7 +21,9 @@ def test_digits_shapes_and_ranges(size, channels, dtype):
     d = Digits("all", size=size, channels=channels, dtype=dtype)
     x, y = d[5]
     assert x.shape == (channels, size, size)
-    if dtype == "float": assert x.dtype == torch.float32 and x.min() >= -1 and x.max() <= 1
+    if dtype == "float":                   # exactly the uint8 pixels mapped to [-1, 1]
+        u8 = Digits("all", size=size, channels=channels, dtype="uint8").images
+        assert x.dtype == torch.float32 and torch.equal(d.images, u8.float() / 127.5 - 1)
     else: assert x.dtype == torch.uint8 and int(d.images.max()) == 255
 
 

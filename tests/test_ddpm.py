@@ -111,6 +111,7 @@ def test_sample_with_every_scheduler(kind):
     u8, x = sample(model, make_scheduler(kind, cfg), 5, 4, generator=torch.Generator().manual_seed(0), batch_size=3)
     assert u8.shape == (5, 1, 8, 8) and u8.dtype == torch.uint8
     assert x.dtype == torch.float32 and x.min() >= -1 and x.max() <= 1
+    assert torch.equal(u8, ((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))   # u8 is x, rounded
     u8b, _ = sample(model, make_scheduler(kind, cfg), 5, 4, generator=torch.Generator().manual_seed(0), batch_size=3)
     assert torch.equal(u8, u8b)                                        # reproducible with a generator
 

@@ -8,8 +8,9 @@ import torch
 from course_lib.frechet import (FD_METHODS, FewSamplesWarning, check_features, feature_statistics, fid_from_features,
                                 fid_infinity, frechet_distance)
 from course_lib.isc_kid import inception_score, kid
+from course_lib import metrics
 
-tf_fid = pytest.importorskip("torch_fidelity.metric_fid")
+import torch_fidelity.metric_fid as tf_fid
 from torch_fidelity.metric_isc import isc_features_to_metric
 from torch_fidelity.metric_kid import kid_features_to_metric
 
@@ -165,9 +166,6 @@ def test_bad_splits_and_subsets():
 
 
 # ---------------------------------------------------------------- images in, uint8 out
-metrics = pytest.importorskip("course_lib.metrics")
-
-
 def test_image_normalisation_forms_agree():
     from course_lib.data import Digits
     ds = Digits("valid", size=8)

@@ -47,12 +47,33 @@ def test_component_weights_and_distances():
     x = gmm.sample(20000, gen())
     assert (component_weights(x, gmm) - gmm.weights).abs().max() < 0.015  # sampling noise at n=20000: < 1.5 points
     a, b = gmm.sample(500, gen(1)), gmm.sample(500, gen(2))
-    assert energy_distance(a, a) == pytest.approx(0.0, abs=1e-9)
     assert energy_distance(a + 1.0, b) > 10 * energy_distance(a, b)
-    assert sliced_wasserstein(a, a) == pytest.approx(0.0, abs=1e-9)
-    # a shift by c along every axis moves every 1-D projection by c (v . 1) with |v| = 1: SW between 0 and c sqrt(2)
-    assert 0.3 < sliced_wasserstein(a + 1.0, a) < math.sqrt(2) + 1e-6
     with pytest.raises(ValueError): sliced_wasserstein(a, b[:10])
+
+
+def test_energy_distance_against_hand_and_scipy():
+    # by hand: x = {0, 2}, y = {1}: 2 E|X-Y| = 2, E|X-X'| = (0 + 2 + 2 + 0) / 4 = 1, E|Y-Y'| = 0
+    assert energy_distance(torch.tensor([[0.0], [2.0]]), torch.tensor([[1.0]])) == pytest.approx(1.0, abs=1e-12)
+    # in 2-D: x = {(0,0)}, y = {(3,4)}: 2 * 5 - 0 - 0
+    assert energy_distance(torch.zeros(1, 2), torch.tensor([[3.0, 4.0]])) == pytest.approx(10.0, abs=1e-12)
+    # SciPy's 1-D energy distance (from the CDFs, a different computation) is the square root of ours
+    from scipy.stats import energy_distance as scipy_ed
+    x, y = torch.randn(300, 1, generator=gen(3)), 0.5 + 2 * torch.randn(200, 1, generator=gen(4))
+    assert energy_distance(x, y) == pytest.approx(scipy_ed(x[:, 0], y[:, 0]) ** 2, rel=1e-9)
+
+
+def test_sliced_wasserstein_against_closed_forms():
+    # 1-D data: every projection is +-x, so SW is the exact W2 of sorted samples, by hand sqrt((0 + 1 + 4) / 3)
+    x, y = torch.tensor([[0.0], [1.0], [2.0]]), torch.tensor([[4.0], [0.0], [2.0]])
+    assert sliced_wasserstein(x, y) == pytest.approx(math.sqrt(5 / 3), abs=1e-12)
+    # a shift by c along every axis moves the projection on a unit v by c (v . 1); E[(v . 1)^2] = |1|^2 / D = 1
+    # in 2-D, so SW -> c = 1 as n_proj grows. Measured over seeds 0-9 with 256 projections: 0.977 to 1.020
+    # (max deviation 0.023); tolerance 0.05, about 2x.
+    a = make_mixture("four").sample(500, gen(1))
+    for seed in (0, 1, 2):
+        assert sliced_wasserstein(a + 1.0, a, seed=seed) == pytest.approx(1.0, abs=0.05)
+    # with 4000 projections, seeds 0-9: 0.992 to 1.011 (max deviation 0.011); tolerance 0.025, about 2x
+    assert sliced_wasserstein(a + 1.0, a, n_proj=4000) == pytest.approx(1.0, abs=0.025)
 
 
 # ---------------------------------------------------------------- score matching losses
@@ -86,7 +107,15 @@ def test_ssm_loss_linear_score(vr):
 def test_score_error_and_model_shapes():
     gmm = make_mixture("four")
     x = gmm.sample(1000, gen())
-    assert score_error(lambda y, s: gmm.score(y, 0.1), lambda y: gmm.score(y, 0.1), x, 0.1) == pytest.approx(0.0, abs=1e-6)
+    # by hand: true scores (3,4) and (0,0), model off by (1,0) on the second point: sqrt((0 + 1) / (25 + 0)) = 0.2
+    pts, seen = torch.tensor([[3.0, 4.0], [0.0, 0.0]]), []
+    def model(y, s):
+        seen.append(s)
+        return y + torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    assert score_error(model, lambda y: y, pts, 0.1) == pytest.approx(0.2, abs=1e-7)
+    assert torch.equal(seen[0], torch.full((2,), 0.1))               # the model is asked at sigma, per sample
+    # the error is relative: a model at half the true score is 0.5 off, the zero model 1.0
+    assert score_error(lambda y, s: 0.5 * gmm.score(y, 0.1), lambda y: gmm.score(y, 0.1), x, 0.1) == pytest.approx(0.5)
     assert score_error(lambda y, s: torch.zeros_like(y), lambda y: gmm.score(y, 0.1), x, 0.1) == pytest.approx(1.0)
     m = ScoreMLP(2, 32, 2)
     assert m(x[:5], torch.full((5,), 0.3)).shape == (5, 2)
@@ -236,16 +265,19 @@ def test_samplers_mixture_weights():
 
 @pytest.mark.parametrize("trace,noise", [("exact", "gaussian"), ("hutchinson", "rademacher")])
 def test_ode_likelihood_identity_score(trace, noise):
-    # data N(0, I): under VP every p_t is N(0, I), score(x, t) = -x. The ODE NLL must equal the Gaussian's (1%).
+    # data N(0, I): under VP every p_t is N(0, I), score(x, t) = -x. The ODE NLL must equal the Gaussian's.
+    # The probability-flow drift is then exactly 0: measured max relative error 7e-16 (both traces);
+    # tolerance 1e-9, far above rounding, far below any real error
     x = torch.randn(32, 4, generator=gen(), dtype=torch.float64)
     nll, z, _ = ode_likelihood(VPSDE(), lambda y, t: -y, x, trace=trace, noise=noise, dtype=torch.float64, generator=gen(1))
     exact = 0.5 * 4 * math.log(2 * math.pi) + 0.5 * x.pow(2).sum(1)
-    assert abs(float(nll.mean() / exact.mean()) - 1) < 0.01
-    assert torch.allclose(nll, exact, rtol=1e-3)
+    assert torch.allclose(nll, exact, rtol=1e-9, atol=0)
 
 
 def test_ode_likelihood_ve_gaussian_and_hutchinson():
-    # data N(0, I) under VE: p_t = N(0, (1 + sigma(t)^2) I), a non-trivial flow; analytic value within 1%
+    # data N(0, I) under VE: p_t = N(0, (1 + sigma(t)^2) I), a non-trivial flow. Measured relative error of the
+    # mean NLL 5.6e-6 (ODE solver error; the Jacobian is a multiple of I, so Rademacher probes are exact, any
+    # seed); tolerance 3e-5, about 5x
     sde = VESDE(0.01, 50.0)
     x = torch.randn(64, 3, generator=gen(), dtype=torch.float64)
     sfn = lambda y, t: -y / _bc(1 + sde.sigma(t) ** 2, y)
@@ -253,7 +285,7 @@ def test_ode_likelihood_ve_gaussian_and_hutchinson():
     exact = 0.5 * 3 * math.log(2 * math.pi * var) + x.pow(2).sum(1) / (2 * var)
     for trace, noise in [("exact", "gaussian"), ("hutchinson", "rademacher")]:
         nll, _, _ = ode_likelihood(sde, sfn, x, trace=trace, noise=noise, dtype=torch.float64, generator=gen(2))
-        assert abs(float(nll.mean() / exact.mean()) - 1) < 0.01, (trace, noise)
+        assert abs(float(nll.mean() / exact.mean()) - 1) < 3e-5, (trace, noise)
     # Gaussian probes are unbiased but noisy here (the divergence integral is 11.7 nats times ||v||^2 / 3):
     # 256 points x 32 probes give a standard error of about 2.5% of the mean NLL; allow 4 standard errors
     x = torch.randn(256, 3, generator=gen(3), dtype=torch.float64)
@@ -267,7 +299,8 @@ def test_ode_likelihood_mixture_exact_score():
     vp = VPSDE()
     x = gmm.sample(64, gen()).double()
     nll, _, _ = ode_likelihood(vp, mixture_score_fn(gmm, vp), x, trace="exact", rtol=1e-6, atol=1e-6, dtype=torch.float64)
-    assert float(nll.mean()) == pytest.approx(float(-gmm.log_prob(x).mean()), rel=0.01)
+    # measured relative error 3.7e-5 (solver at rtol 1e-6, and t_min > 0); tolerance 2e-4, about 5x
+    assert float(nll.mean()) == pytest.approx(float(-gmm.log_prob(x).mean()), rel=2e-4)
 
 
 def test_bits_and_dequantisation():

@@ -2,9 +2,9 @@
 
 The build here uses the quick profile and unit 0 only (to stay fast); set COURSE_LIB_SITE=DIR to run the same
 checks against a site built beforehand (for example `course site --profile full --out DIR`, all units).
-Browser tests need Chromium (Debian's `chromium`, or COURSE_LIB_CHROMIUM=path) and the `playwright` package;
-without them they skip and say why. Screenshots go to test-artifacts/."""
-import html.parser, http.server, json, os, posixpath, re, shutil, subprocess, sys, tempfile, threading
+Browser tests need Chromium (Debian's `chromium`, or COURSE_LIB_CHROMIUM=path) and the `playwright` package (a dev
+requirement, imported plainly); without Chromium they skip and say why. Screenshots go to test-artifacts/."""
+import html.parser, http.server, importlib, json, os, posixpath, re, shutil, subprocess, sys, tempfile, threading
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, unquote
@@ -27,7 +27,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run
 def site(tmp_path_factory):
     """(site folder, executed-notebooks folder, units in the site). Built once per test run, whichever worker
     gets here first (a file lock in the run's shared temporary folder)."""
-    pytest.importorskip("myst_nb", reason="the site needs Sphinx and myst-nb: pip install -e '.[dev]'")
+    importlib.import_module("myst_nb")   # a dev requirement: missing is an error, not a skip
     units = load_units(ROOT)
     if os.environ.get("COURSE_LIB_SITE"):
         d = Path(os.environ["COURSE_LIB_SITE"])
@@ -207,6 +207,18 @@ def test_site_command_rejects_bad_arguments(tmp_path, capsys):
 
 # ---------------------------------------------------------------- in a real browser
 
+def _in_ci() -> bool:
+    "True under CI (`CI=true`, as GitHub Actions and .ci/run set it): there a missing browser is a failure."
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _no_browser(why: str):
+    "Skip the browser tests locally; fail them in CI, where Chromium is installed by .ci/run and the workflow."
+    if _in_ci():
+        pytest.fail(f"browser tests cannot run in CI (CI=true): {why}", pytrace=False)
+    pytest.skip(f"browser tests skipped: {why}")
+
+
 def _chromium() -> str | None:
     for c in [os.environ.get("COURSE_LIB_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "google-chrome-stable"]:
         if c and shutil.which(c): return shutil.which(c)
@@ -218,10 +230,8 @@ def browser(site, tmp_path_factory):
     """(page factory, base URL, site folder): headless Chromium via Playwright, the site on a localhost server."""
     exe = _chromium()
     if exe is None:
-        pytest.skip("browser tests skipped: no Chromium found (apt-get install chromium, or set COURSE_LIB_CHROMIUM)")
-    try: from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("browser tests skipped: the playwright package is not installed (pip install -e '.[dev]')")
+        _no_browser("no Chromium found (apt-get install chromium, or set COURSE_LIB_CHROMIUM)")
+    from playwright.sync_api import sync_playwright   # a dev requirement: missing is an error
     d = site[0]
     handler = partial(type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}), directory=str(d))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -233,7 +243,7 @@ def browser(site, tmp_path_factory):
                                                     headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900})
     except Exception as e:
         pw.stop(); server.shutdown()
-        pytest.skip(f"browser tests skipped: Chromium at {exe} does not start ({str(e).splitlines()[0]})")
+        _no_browser(f"Chromium at {exe} does not start ({str(e).splitlines()[0]})")
     try: yield ctx, base, d
     finally:
         ctx.close(); pw.stop(); server.shutdown(); server.server_close()
@@ -330,3 +340,10 @@ def test_screenshots(browser, site):
         page.screenshot(path=str(ARTIFACTS / name), full_page=True)
         page.close()
         assert (ARTIFACTS / name).stat().st_size > 10_000, f"{name} looks empty"
+
+
+def test_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="browser tests cannot run in CI"): _no_browser("no Chromium")
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="browser tests skipped: no Chromium"): _no_browser("no Chromium")

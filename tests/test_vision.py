@@ -12,12 +12,13 @@ from PIL import Image
 from safetensors.torch import save_file
 from timm.data import create_transform
 
-from course_lib.data import Digits
+from course_lib.data import Digits, split_indices
 from course_lib.vision import (
     check_model_name, count_flops, count_params, model_data_config, normalize_images, target_task, save_model,
     create_vision_model, load_finetuned, checkpoint_info, finetune, FinetuneConfig, layer_groups, random_shift,
     tta_views, predict_logits, ensemble_logits, accuracy, choose_batch_size, export_onnx, export_torchscript,
     quantize_int8, model_size_bytes, finetune_main, evaluate, square_symmetries, label_augmented)
+from course_lib.vision import _folder_dataset
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +49,17 @@ def test_flop_counter_matches_closed_form():
     assert count_flops(nn.Conv2d(3, 8, 3, padding=1, bias=False), (3, 16, 16)) == 2 * 3 * 8 * 9 * 16 * 16
     m = timm.create_model("course_vit_32", num_classes=5)
     assert count_params(m) == sum(p.numel() for p in m.parameters()) and count_flops(m, (1, 32, 32)) > 0
+
+
+@pytest.mark.xfail(strict=True, reason="count_flops misses the attention matmuls on CPU: FlopCounterMode has no "
+                   "formula for the CPU scaled_dot_product_attention kernel (38.5 MFLOPs counted, 45.0 by hand)")
+def test_vit_flops_match_closed_form():
+    "course_vit_32 by hand: 4x4 patches (64 + class token = 65 tokens), width 96, MLP 192, 4 blocks, 5 classes."
+    t, d, h = 65, 96, 192
+    block = 2 * t * d * 3 * d + 2 * t * d * d + 2 * t * d * h + 2 * t * h * d   # qkv, proj, fc1, fc2
+    block += 2 * (2 * t * t * d)                                                # q k^T and attn v, all heads
+    total = 2 * 16 * d * 64 + 4 * block + 2 * d * 5                             # patch embed, blocks, head
+    assert count_flops(timm.create_model("course_vit_32", num_classes=5), (1, 32, 32)) == total
 
 
 def test_course_models_are_registered_with_truthful_configs():
@@ -90,8 +102,10 @@ def test_in_chans_mismatch_of_images_is_an_error():
 # ---- checkpoints through timm's pretrained path ------------------------------------------------------------
 
 def test_pretrained_path_new_head_and_reload_trap(src_file):
-    ref = timm.create_model("course_resnet_32", num_classes=5)
+    torch.manual_seed(0)
+    ref = timm.create_model("course_resnet_32", num_classes=5).eval()   # the model src_file saved, rebuilt
     sd = {k: v for k, v in load_finetuned(src_file).state_dict().items()}
+    assert sd.keys() == ref.state_dict().keys() and all(torch.equal(v, sd[k]) for k, v in ref.state_dict().items())
     x = torch.randn(3, 1, 32, 32)
     # reload with the file's class count in the overlay: identical model (head kept)
     again = load_finetuned(src_file)
@@ -105,7 +119,7 @@ def test_pretrained_path_new_head_and_reload_trap(src_file):
     assert m7.fc.weight.shape == (7, 256) and torch.equal(m7.conv1.weight, sd["conv1.weight"])
     m5 = create_vision_model("course_resnet_32", 5, pretrained_file=src_file, new_head=True)
     assert not torch.equal(m5.fc.weight, sd["fc.weight"])
-    with torch.no_grad(): assert torch.allclose(again.eval()(x), load_finetuned(src_file)(x))
+    with torch.no_grad(): assert torch.allclose(again.eval()(x), ref(x), atol=1e-6)
 
 
 def test_checkpoint_of_wrong_architecture(src_file, tmp_path):
@@ -171,7 +185,10 @@ def test_linear_probe_trains_only_the_head(src_file, few):
     body = [k for k in src if not k.startswith("fc.")]
     assert all(torch.equal(sd[k], src[k]) for k in body if not k.endswith("num_batches_tracked"))
     assert not torch.equal(sd["fc.weight"], src["fc.weight"])
-    assert len(r.history) == 1 and r.history[0]["step"] == 3 and 0 <= r.val_acc <= 1
+    assert len(r.history) == 1 and r.history[0]["step"] == 3
+    xs, ys = va.tensors                                                 # the accuracy, recomputed by hand
+    with torch.no_grad(): hand = (r.model.eval()(normalize_images(xs, model_data_config(r.model))).argmax(-1) == ys)
+    assert r.val_acc == pytest.approx(hand.double().mean().item(), abs=1e-12) and r.history[0]["val_acc"] == r.val_acc
 
 
 def test_gradual_unfreezing_starts_with_the_head(src_file, few):
@@ -207,8 +224,11 @@ def test_tta_views_and_ensemble():
     with pytest.raises(ValueError, match="unknown tta"): tta_views(x, "rotate")
     m = timm.create_model("course_resnet_32", num_classes=5).eval()
     xs = torch.rand(6, 1, 32, 32) * 2 - 1
-    z = predict_logits(m, xs)
-    assert torch.allclose(ensemble_logits([m, m], xs), z, atol=1e-6)
+    m2 = timm.create_model("course_resnet_32", num_classes=5).eval()     # other random weights
+    with torch.no_grad():
+        xn = normalize_images(xs, model_data_config(m))
+        assert torch.allclose(predict_logits(m, xs), m(xn), atol=1e-6)
+        assert torch.allclose(ensemble_logits([m, m2], xs), (m(xn) + m2(xn)) / 2, atol=1e-6)
     zf = predict_logits(m, xs, tta="flip")
     with torch.no_grad():
         cfg = model_data_config(m); xn = normalize_images(xs, cfg)
@@ -230,23 +250,37 @@ def test_choose_batch_size_stops_on_oom():
 
 @pytest.mark.parametrize("name", ["course_resnet_32", "course_vit_32"])
 def test_exports_match_pytorch(name, tmp_path):
-    import onnx
+    "The exported files, loaded here by onnxruntime and torch.jit, give the PyTorch model's logits."
+    import onnx, onnxruntime as ort
+    torch.manual_seed(0)
     m = timm.create_model(name, num_classes=5).eval()
     ex = torch.randn(2, 1, 32, 32)
+    x = torch.rand(7, 1, 32, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1   # a batch size not checked
+    with torch.no_grad(): want = m(x)
+    # measured (seeds 0-2, both models): ONNX max |diff| 2.1e-7 (logits ~0.1-0.4), TorchScript 0.0;
+    # tolerance 1e-6 for both, about 5x the ONNX figure
     p, d = export_onnx(m, tmp_path / "m.onnx", ex, check_batch_sizes=(1, 3, 9))
-    assert d <= 1e-4 and p.is_file()
+    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["x"] and [o.name for o in sess.get_outputs()] == ["logits"]
+    got = torch.from_numpy(sess.run(None, {"x": x.numpy()})[0])
+    assert got.shape == (7, 5) and (got - want).abs().max().item() < 1e-6 and d < 1e-6
     meta = {q.key: json.loads(q.value) for q in onnx.load(str(p)).metadata_props}
     assert meta["input_size"] == [1, 32, 32]
     p, d = export_torchscript(m, tmp_path / "m.pt", ex)
-    assert d <= 1e-4 and p.is_file()
+    with torch.no_grad(): got = torch.jit.load(str(p))(x)
+    assert got.shape == (7, 5) and (got - want).abs().max().item() < 1e-6 and d < 1e-6
 
 
 def test_int8_quantisation_shrinks_a_vit():
+    torch.manual_seed(0)
     m = timm.create_model("course_vit_32", num_classes=5).eval()
     q = quantize_int8(m)
     x = torch.randn(4, 1, 32, 32)
     assert model_size_bytes(q) < 0.6 * model_size_bytes(m)
-    with torch.no_grad(): assert (q(x) - m(x)).abs().max().item() < 0.2
+    # max |int8 - float| logit: measured 0.013-0.020 over seeds 0-4 (logits up to ~0.4); tolerance 0.04, 2x.
+    # Above 1e-4 too: the int8 model is really another model
+    with torch.no_grad(): err = (q(x) - m(x)).abs().max().item()
+    assert 1e-4 < err < 0.04, err
 
 
 # ---- the command line --------------------------------------------------------------------------------------
@@ -272,8 +306,12 @@ def test_course_finetune_on_a_folder(tmp_path, src_file, capsys):
     assert "broken.png" in err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["classes"] == ["d5", "d6"] and metrics["n_train"] + metrics["n_valid"] == 10
-    assert [s["file"] for s in metrics["skipped"]] == ["d5/broken.png"] and 0 <= metrics["val_acc"] <= 1
+    assert [s["file"] for s in metrics["skipped"]] == ["d5/broken.png"]
     m = load_finetuned(out / "model.safetensors")
+    x, y, _, _ = _folder_dataset(folder, 32, 1)                      # the validation split, rebuilt here
+    _, va = split_indices(y.numpy(), 0.2, 0)
+    with torch.no_grad(): hand = (m.eval()(normalize_images(x[va], model_data_config(m))).argmax(-1) == y[va])
+    assert len(va) == metrics["n_valid"] and metrics["val_acc"] == pytest.approx(hand.double().mean().item())
     assert m.num_classes == 2 and json.loads(checkpoint_info(out / "model.safetensors")[1]["classes"]) == ["d5", "d6"]
     # a generic timm model from scratch, 3 channels
     rc = finetune_main([str(folder), "--model", "resnet10t", "--img-size", "32", "--in-chans", "3", "--steps", "1",
