@@ -66,9 +66,8 @@ class DigitsFeatureExtractor(FeatureExtractorBase):
             x = F.interpolate(x, size=(DIGITS_FEATURE_SIZE, DIGITS_FEATURE_SIZE), mode="bilinear",
                               antialias=True, align_corners=False)
         x = x / 127.5 - 1.0                                                    # [-1, 1], as the classifier was trained
-        out = {}
-        if "128" in self.features_list: out["128"] = self.classifier.features(x).double()
-        if "logits_unbiased" in self.features_list: out["logits_unbiased"] = self.classifier(x).double()
+        f = self.classifier.features(x)                                        # (B, 128), one pass
+        out = {"128": f.double(), "logits_unbiased": self.classifier.head(f).double()}   # logits = head(f)
         return tuple(out[k] for k in self.features_list)
 
 if DIGITS_EXTRACTOR not in torch_fidelity.registry.FEATURE_EXTRACTORS_REGISTRY:
