@@ -4,6 +4,7 @@ import json, os, struct, subprocess, sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 import torch
 
 from course_lib.ddpm import DDPMConfig, make_unet
@@ -142,3 +143,19 @@ def test_any_legal_file_name_loads(tmp_path):
     assert meta2["adapter_name"] == "style_v2"
     with pytest.raises(ValueError, match=r"adapter_name must be letters, digits.*got 'style\.v2'"):
         load_adapter(tiny_unet(), a, adapter_name="style.v2")
+
+
+def test_course_lora_generate_takes_any_legal_file_name(tmp_path):
+    "`--adapter style.v2.safetensors` failed with a KeyError (peft adapter names cannot hold '.')."
+    from course_lib.lora_train import base_config, load_base
+    base = load_base(base_config(2), progress=False)                 # a 2-step base: cached, seconds to train
+    add_lora(base, 2, adapter_name="concept")
+    randomise_lora(base)
+    a = save_adapter(base, tmp_path / "a" / "style.v2.safetensors", "concept")
+    b = save_adapter(base, tmp_path / "b" / "style.v2.safetensors", "concept")
+    out = tmp_path / "grid.png"
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli", "lora", "generate", "a photo of a 3", str(out),
+                        "--adapter", str(a), "--adapter", f"{b}=0.5", "--n", "2", "--steps", "2",
+                        "--base-steps", "2"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert out.is_file() and Image.open(out).size[0] > 0
