@@ -2,14 +2,17 @@
 
 nbval (`--nbval-lax`) fails the test when any cell raises (the notebooks' inline checks are asserts) and
 compares the output of the cells marked `# NBVAL_CHECK_OUTPUT` with the output committed in the notebook.
+After a run, the figures the notebook `record`ed are held to the bars of its unit's `[bars.quick."<notebook>"]`
+table (unit.toml), so a method that stops working fails here and not only in the full profile.
 One test per notebook, so `pytest -n 2` spreads them over the cores."""
-import os, subprocess, sys, tempfile
+import ast, operator, os, re, subprocess, sys, tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from course_lib.cli import load_unit, drop_flagged_cells, SKIP_FLAGS, notebook_parameters
+from course_lib.core import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS, BROKEN = [], []
@@ -45,6 +48,84 @@ def quick_copy(unit, nb_path: Path, dest: Path) -> Path:
     return out
 
 
+# --- why a notebook failed, from nbval's report -----------------------------------------------------------------
+# nbval words both failures "Notebook cell execution failed"; the line under it tells them apart:
+# "Cell N: Cell outputs differ" (a # NBVAL_CHECK_OUTPUT cell printed something else) or
+# "Cell N: Cell execution caused an exception" (a cell raised; the notebooks' checks are asserts).
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NBVAL_CELL = re.compile(r"Cell \d+: Cell (outputs differ|execution caused an exception)"
+                        r"\s*Input:\s*\n(.*?)\n\s*Traceback:", re.S)
+
+
+def failure_reason(out: str, nb_name: str, slug: str) -> str:
+    "What nbval's output `out` says went wrong in notebook `nb_name` of unit `slug`, and what to do about it."
+    out = ANSI.sub("", out)
+    cells = {"differ": [], "raised": []}
+    for m in NBVAL_CELL.finditer(out):
+        code = [ln.strip() for ln in m.group(2).splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        cells["differ" if m.group(1) == "outputs differ" else "raised"].append(f"`{code[0] if code else '?'}`")
+    if cells["differ"] and not cells["raised"]:
+        return (f"checked output changed: the output of the cell(s) starting {', '.join(cells['differ'])} "
+                f"(# NBVAL_CHECK_OUTPUT) of {nb_name} no longer matches the committed one. If the change is intended, "
+                f"store the new output with `course freeze nbs/{nb_name}` and commit it")
+    also = f" (and the checked output of {', '.join(cells['differ'])} changed)" if cells["differ"] else ""
+    where = f"the cell starting {', '.join(cells['raised'])}" if cells["raised"] else "a cell"
+    return (f"{where} of {nb_name} raised under the quick profile{also}. Reproduce with "
+            f"`course run {slug} --profile quick` and read the executed notebook under runs/")
+
+
+# --- the quality bars of a unit: [bars.<profile>."<notebook stem>"] name = "<op> <expression>" -------------------
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+BAR = re.compile(r"^\s*(<=|>=|<|>)\s*(.+?)\s*$")
+ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def unit_bars(unit, profile: str = "quick") -> dict[str, dict[str, str]]:
+    "The bars `{notebook stem: {figure: bound}}` that `unit`'s unit.toml declares for `profile`."
+    cfg = tomllib.loads((unit.path / "unit.toml").read_text())
+    return cfg.get("bars", {}).get(profile, {})
+
+
+def eval_bound(expr: str, figures: dict) -> float:
+    "The value of `expr`: numbers and recorded figure names joined with + - * / and brackets."
+    def ev(n):
+        if isinstance(n, ast.Expression): return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)): return float(n.value)
+        if isinstance(n, ast.Name):
+            if n.id not in figures: raise KeyError(n.id)
+            return float(figures[n.id])
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub): return -ev(n.operand)
+        if isinstance(n, ast.BinOp) and type(n.op) in ARITH: return ARITH[type(n.op)](ev(n.left), ev(n.right))
+        raise ValueError(f"bound {expr!r}: only numbers, figure names and + - * / are allowed")
+    return ev(ast.parse(expr, mode="eval"))
+
+
+def check_bars(bars: dict[str, str], figures: dict, where: str) -> list[str]:
+    "One message per bar in `bars` that the recorded `figures` miss (or cannot be checked), naming value and bound."
+    bad = []
+    for name, bound in bars.items():
+        m = BAR.match(bound)
+        if m is None:
+            bad.append(f"{where}: bar {name} = {bound!r} is not '<op> <expression>' with op one of {list(OPS)}")
+            continue
+        op, expr = m.groups()
+        if name not in figures:
+            bad.append(f"{where}: the notebook recorded no figure {name!r} (recorded: {sorted(figures)})")
+            continue
+        try: limit = eval_bound(expr, figures)
+        except KeyError as e:
+            bad.append(f"{where}: bar {name} {bound} names {e.args[0]!r}, which the notebook did not record")
+            continue
+        value = figures[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            bad.append(f"{where}: figure {name} = {value!r} is not a number, so bar {bound!r} cannot hold")
+        elif not OPS[op](value, limit):
+            used = sorted(set(re.findall(r"[A-Za-z_]\w*", expr)) & set(figures))
+            ctx = f" = {limit:.4g} ({', '.join(f'{k} = {figures[k]}' for k in used)})" if used else ""
+            bad.append(f"{where}: {name} = {value} misses the bar {op} {expr}{ctx}")
+    return bad
+
+
 @pytest.mark.parametrize("unit,nb", CASES, ids=[f"{u.name}/{nb.name}" for u, nb in CASES])
 def test_notebook_runs_quick(unit, nb, tmp_path):
     copy = quick_copy(unit, nb, tmp_path)
@@ -61,13 +142,15 @@ def test_notebook_runs_quick(unit, nb, tmp_path):
                     pytrace=False)
     if r.returncode != 0:
         out = r.stdout + r.stderr
-        if "Cell outputs differ" in out and "Notebook cell execution failed" not in out:
-            why = (f"a checked output (# NBVAL_CHECK_OUTPUT) of {nb.name} no longer matches the committed one. If the "
-                   f"change is intended, store the new output with `course freeze nbs/{nb.name}` and commit it")
-        else:
-            why = (f"a cell of {nb.name} raised under the quick profile. Reproduce with "
-                   f"`course run {unit.slug} --profile quick` and read the executed notebook under runs/")
+        why = failure_reason(out, nb.name, unit.slug)
         pytest.fail(f"notebook {unit.name}/{nb.name} failed: {why}.\n" + out[-6000:], pytrace=False)
+    bars = unit_bars(unit, "quick").get(nb.stem, {})
+    figures = read_results(tmp_path / "results.json").get(nb.stem, {})
+    bad = check_bars(bars, figures, f"{unit.name}/{nb.stem} (quick profile)")
+    if bad:
+        pytest.fail(f"a headline figure misses its bar (units/{unit.name}/unit.toml, [bars.quick.\"{nb.stem}\"]; the "
+                    f"bounds come from seeds 0-2, see the comments there). Reproduce with "
+                    f"`course run {unit.slug} --profile quick`:\n" + "\n".join(bad), pytrace=False)
 
 
 def test_every_notebook_is_in_a_unit():
@@ -81,3 +164,57 @@ def test_every_notebook_is_in_a_unit():
 def test_unit_files_valid(name):
     errors = [msg for n, msg in BROKEN if n == name]
     assert not errors, errors[0]
+
+
+def _nbval(tmp_path, name: str, cells) -> str:
+    "Run a tiny notebook of `cells` (source, stored stdout or None) under nbval as the notebook test does; its output."
+    nb = nbformat.v4.new_notebook()
+    for i, (src, stored) in enumerate(cells):
+        c = nbformat.v4.new_code_cell(src, execution_count=i + 1)
+        if stored is not None: c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=stored)]
+        nb.cells.append(c)
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--nbval-lax",
+           "--nbval-current-env", str(path)]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, f"{name} should fail under nbval:\n{r.stdout[-2000:]}"
+    return r.stdout + r.stderr
+
+
+def test_failure_reason_tells_changed_output_from_raised_cell(tmp_path):
+    changed = _nbval(tmp_path, "changed.ipynb", [("x = 2", None), ("# NBVAL_CHECK_OUTPUT\nprint(x + 1)", "4\n")])
+    raised = _nbval(tmp_path, "raised.ipynb", [("x = 2", None), ("assert x == 3, f'x is {x}'", None)])
+    why = failure_reason(changed, "changed.ipynb", "ddpm")
+    assert why.startswith("checked output changed") and "course freeze nbs/changed.ipynb" in why, why
+    assert "`print(x + 1)`" in why, why
+    why = failure_reason(raised, "raised.ipynb", "ddpm")
+    assert "raised under the quick profile" in why and "course run ddpm --profile quick" in why, why
+    assert "the cell starting `assert x == 3, f'x is {x}'`" in why, why
+    assert "checked output changed" not in why and "course freeze" not in why, why
+
+
+def test_check_bars_names_figure_value_and_bound():
+    figs = {"lora": 0.30, "base": 0.25, "bpb": 5.1}
+    bars = {"lora": ">= base + 0.2", "bpb": "< 8"}
+    bad = check_bars(bars, figs, "04_lora/42 (quick profile)")
+    assert bad == ["04_lora/42 (quick profile): lora = 0.3 misses the bar >= base + 0.2 = 0.45 (base = 0.25)"], bad
+    assert check_bars(bars, dict(figs, lora=0.5), "w") == []
+    assert "recorded no figure 'lora'" in check_bars(bars, {"bpb": 5.1}, "w")[0]
+    assert "did not record" in check_bars({"bpb": "< 8 * uniform"}, figs, "w")[0]
+    assert "is not '<op> <expression>'" in check_bars({"bpb": "8"}, figs, "w")[0]
+    assert "is not a number" in check_bars({"best": "> 0"}, {"best": "linear"}, "w")[0]
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
+def test_bars_declared_valid(unit):
+    "Every quick bar names a notebook of its unit and is `<op> <expression>` over numbers and figure names."
+    stems = {nb.stem for nb in unit.notebooks}
+    for stem, bars in unit_bars(unit, "quick").items():
+        assert stem in stems, (f"units/{unit.name}/unit.toml: [bars.quick.{stem!r}] names no notebook of the unit "
+                               f"{sorted(stems)}")
+        for name, bound in bars.items():
+            m = BAR.match(bound) if isinstance(bound, str) else None
+            assert m, f"units/{unit.name}/unit.toml: bar {stem}.{name} = {bound!r} is not a string '<op> <expression>'"
+            names = {n.id for n in ast.walk(ast.parse(m.group(2), mode="eval")) if isinstance(n, ast.Name)}
+            eval_bound(m.group(2), dict.fromkeys(names, 1.0))
