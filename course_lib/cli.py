@@ -176,8 +176,9 @@ def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params
                             log_output=False)
     except CellTimeoutError:
         orig = nbformat.read(str(nb_path), as_version=4).cells
-        raise NotebookFailed(nb_path, _last_started_cell(out_path, orig), "CellTimeoutError",
-                             f"the cell ran longer than the timeout ({timeout} s)", out_path) from None
+        why = f"the cell ran longer than the timeout ({timeout} s)"
+        idx = _last_started_cell(out_path, orig)
+        raise NotebookFailed(nb_path, idx, "CellTimeoutError", why, out_path) from None
     except pm.PapermillExecutionError as e:
         # report the cell's index in the notebook as written (papermill counts its injected cell too)
         orig = nbformat.read(str(nb_path), as_version=4).cells
@@ -192,7 +193,7 @@ def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params
 
 # %% ../nbs/90_cli.ipynb #5c1e0a71
 def _last_started_cell(executed: Path, orig_cells) -> int:
-    "Index in `orig_cells` of the last cell papermill started in the executed notebook (-1 if unknown)."
+    "Index in `orig_cells` of the last cell papermill started in notebook `executed` (-1: unknown)."
     import nbformat
     try: cells = nbformat.read(str(executed), as_version=4).cells
     except (OSError, ValueError): return -1
@@ -311,8 +312,8 @@ def keep_checked_outputs(nb) -> Any:
     return nb
 
 def freeze_notebook(nb_path: str | os.PathLike, profile: str = "quick", unit: Unit | None = None) -> Path:
-    """Execute `nb_path` with `profile` and write it back with only checked outputs (then run `nbdev_clean`).
-    Raises `UnstableOutput` (and leaves the notebook as it was) when a checked output changes from run to run."""
+    """Execute `nb_path` with `profile`, write it back with only checked outputs, run `nbdev_clean`.
+    Raises `UnstableOutput` (the notebook is left as it was) when a checked output changes between runs."""
     import nbformat
     nb_path = Path(nb_path).resolve()
     if unit is None:
@@ -358,26 +359,28 @@ def write_readme(root: str | os.PathLike | None = None) -> Path:
 UNSTABLE_OUTPUTS = {
     "a memory address": r"\bat 0x[0-9a-fA-F]{4,}",
     "a figure's repr": r"<Figure size [^>\n]*>",
-    "a timing": (r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|us|ns|sec|secs|seconds|min|minutes)\b|\bs/it\b|\bit/s\b"
-                 r"|\d\d:\d\d<\d\d:\d\d|Wall time|CPU times"),
+    "a timing": (r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|us|ns|sec|secs|seconds|min|minutes)\b"
+                 r"|\bs/it\b|\bit/s\b|\d\d:\d\d<\d\d:\d\d|Wall time|CPU times"),
 }
 
 class UnstableOutput(RuntimeError):
-    "A checked cell prints something that changes from run to run; `.notebook`, `.cell`, `.kind`, `.text` say what."
+    "A checked cell prints what changes between runs; `.notebook`, `.cell`, `.kind`, `.text` say what."
     def __init__(self, notebook, cell, kind, text):
         self.notebook, self.cell, self.kind, self.text = notebook, cell, kind, text
-        super().__init__(f"{Path(notebook).name}: cell {cell} (# {CHECK_MARKER}) prints {text!r}: {kind} "
-                         "changes from run to run, so nbval would fail the next test run. Print a stable value, "
-                         f"or remove # {CHECK_MARKER} from that cell. The notebook was not changed.")
+        super().__init__(
+            f"{Path(notebook).name}: cell {cell} (# {CHECK_MARKER}) prints {text!r}: {kind} changes "
+            "from run to run, so nbval would fail the next test run. Print a stable value, or remove "
+            f"# {CHECK_MARKER} from that cell. The notebook was not changed.")
 
 def unstable_outputs(nb) -> list[tuple[int, str, str]]:
-    "`(cell index, kind, the line)` for each text output of a checked cell that matches `UNSTABLE_OUTPUTS`."
+    "`(cell index, kind, the line)` for each checked text output that matches `UNSTABLE_OUTPUTS`."
     import re
     found = []
     for i, c in enumerate(nb.cells):
         if not is_checked(c): continue
         for o in c.get("outputs", []):
-            text = o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
+            stream = o.get("output_type") == "stream"
+            text = o.get("text", "") if stream else o.get("data", {}).get("text/plain", "")
             text = "".join(text) if isinstance(text, list) else text
             for kind, pattern in UNSTABLE_OUTPUTS.items():
                 m = re.search(pattern, text)
@@ -438,10 +441,14 @@ def _dispatch(argv: list[str]) -> int:
         return run_units(chosen, a.profile, out, a.timeout)
     if a.cmd == "freeze":
         bad = [str(nb) for nb in a.notebooks if nb.suffix != ".ipynb" or not nb.is_file()]
-        if bad: print(f"course freeze: error: no such notebook (.ipynb): {', '.join(bad)}", file=sys.stderr); return 2
+        if bad:
+            print(f"course freeze: error: no such notebook (.ipynb): {', '.join(bad)}", file=sys.stderr)
+            return 2
         for nb in a.notebooks:
             try: print(f"froze {freeze_notebook(nb, a.profile)}")
-            except (NotebookFailed, UnstableOutput) as e: print(f"course freeze: {e}", file=sys.stderr); return 1
+            except (NotebookFailed, UnstableOutput) as e:
+                print(f"course freeze: {e}", file=sys.stderr)
+                return 1
         return 0
     if a.cmd == "readme":
         print(f"wrote {write_readme(root)}"); return 0
@@ -452,8 +459,8 @@ USER_ERRORS = (ValueError, OSError)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `course` command; returns the exit code (0 ok, 1 a run failed, 2 bad usage).
-    `USER_ERRORS` (bad input: the library's messages name the value) print `course CMD: error: ...` and
-    return 2; Ctrl-C returns 130; any other exception is a bug and propagates with its traceback."""
+    `USER_ERRORS` (bad input: the library's messages name the value) print `course CMD: error: ...`
+    and return 2; Ctrl-C returns 130; any other exception is a bug and keeps its traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = " ".join(["course", *argv[:1]]) if argv and not argv[0].startswith("-") else "course"
     try: return _dispatch(argv)
@@ -466,3 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+
+# %% ../nbs/90_cli.ipynb #4c8b2e61
+# `python -m course_lib.cli ARGS` works like `course ARGS` (and running this notebook does not start it)
+if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", "") == "course_lib.cli":
+    sys.exit(main())
