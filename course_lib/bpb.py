@@ -4,7 +4,7 @@
 
 # %% ../nbs/61_bits_per_byte.ipynb #d390cfd8
 from __future__ import annotations
-import argparse, bz2, gzip, json, lzma, math, os, sys
+import argparse, bz2, gzip, itertools, json, lzma, math, os, sys, warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -188,8 +188,16 @@ def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = 
     `stride < window` is a sliding window. `window`: default the model's context length. Units: NLL in nats,
     BPB in bits per UTF-8 byte. `accelerator`: an `accelerate.Accelerator`; with several processes each scores
     every `num_processes`-th document and the totals are gathered (same totals as one process).
-    Raises `ValueError` for a bad window/stride or a document without text."""
+    Raises `ValueError` for a bad window/stride, a window longer than the model's context, or a
+    document without text."""
     window = window or model_window(model)
+    try:
+        ctx = model_window(model)
+    except (ValueError, AttributeError):   # a model that does not say: trust `window`
+        ctx = None
+    if ctx is not None and window > ctx:
+        raise ValueError(f"window {window} is longer than the model's context ({ctx} positions): "
+                         f"pass window <= {ctx}")
     stride = stride or window
     rolling_windows(1, window, stride)   # validates
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
@@ -235,15 +243,28 @@ def load_local_lm(path: str | os.PathLike, device=None):
     if device is not None: model.to(device)
     return model.eval(), tok
 
+def _finite_or_null(x):
+    "`x` with every NaN or infinity (an undefined figure) replaced by None, for JSON."
+    if isinstance(x, float): return x if math.isfinite(x) else None
+    if isinstance(x, dict): return {k: _finite_or_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [_finite_or_null(v) for v in x]
+    return x
+
 def bpb_main(argv: list[str]) -> int:
-    "`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N] [--compressors] [--json]`."
+    """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
+    [--errors {strict,skip}] [--compressors] [--json]`. Exit 2 for a bad argument, a window longer than
+    the model's context, or no text to score; 1 for a damaged data file. With `--json`, a figure that is
+    undefined (the BPB of a subset whose documents are all empty) is null."""
     p = argparse.ArgumentParser(prog="course bpb", description="bits per byte of a local causal LM on Pile-format files, per subset")
     p.add_argument("--model", required=True, help="a local Hugging Face model directory (with its tokenizer)")
     p.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
     p.add_argument("--window", type=int, default=None, help="context window in tokens (default: the model's)")
     p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: disjoint rolling windows)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-docs", type=int, default=None, help="only the first N documents")
+    p.add_argument("--max-docs", type=int, default=None,
+                   help="only the first N documents (read no further)")
+    p.add_argument("--errors", choices=("strict", "skip"), default="strict",
+                   help="skip: skip (and count) bad lines instead of stopping at the first")
     p.add_argument("--compressors", action="store_true", help="also report gzip/bz2/lzma/zstd BPB per subset")
     p.add_argument("--json", action="store_true")
     try: a = p.parse_args(argv)
@@ -262,14 +283,25 @@ def bpb_main(argv: list[str]) -> int:
         except ValueError: ctx = window                     # a model that does not say: trust --window
         if window > ctx: raise ValueError(f"--window {window} is longer than the model's context ({ctx} tokens)")
         if a.stride is not None and a.stride > window: raise ValueError(f"--stride {a.stride} > window {window}")
-        docs = [r for f in a.files for r in load_corpus(f)]
-        if a.max_docs: docs = docs[: a.max_docs]
+        with warnings.catch_warnings(record=True) as caught:   # a folder's skipped files, said once
+            warnings.simplefilter("always", UserWarning)
+            records = (r for f in a.files for r in load_corpus(f, a.errors))
+            docs = list(itertools.islice(records, a.max_docs))   # streamed: reads no further
+        for w in caught: print(f"course bpb: {w.message}", file=sys.stderr)
         rep = bpb(model, tok, docs, window=a.window, stride=a.stride, batch_size=a.batch_size)
     except PileFormatError as e: print(f"course bpb: {e}", file=sys.stderr); return 1   # a corrupt data file
-    except ValueError as e: print(f"course bpb: {e}", file=sys.stderr); return 2
+    except (ValueError, FileNotFoundError) as e:
+        print(f"course bpb: {e}", file=sys.stderr)
+        return 2
+    if not rep.overall.bytes:
+        print(f"course bpb: no text to score: {len(docs)} document(s) with 0 bytes of text in "
+              f"{', '.join(a.files)}", file=sys.stderr)
+        return 2
     out = {"model": str(a.model), "window": rep.window, "stride": rep.stride, "subsets": rep.table()}
     if a.compressors: out["compressors"] = compressor_table(docs, ("gzip-9", "bz2-9", "lzma-9e", "zstd-19"))
-    if a.json: print(json.dumps(out, indent=1)); return 0
+    if a.json:   # a subset whose documents are all empty has no BPB: null (JSON has no NaN)
+        print(json.dumps(_finite_or_null(out), indent=1, allow_nan=False))
+        return 0
     print(f"model {a.model}, window {rep.window}, stride {rep.stride}")
     print(format_table(rep.table(), floats=".4f"))
     if a.compressors: print(); print(format_table([{"compressor": m, **v} for m, v in out["compressors"].items()], floats=".3f"))

@@ -17,9 +17,9 @@ from torch.utils.data import Dataset
 from .core import OfflineError, cache_dir
 
 # %% auto #0
-__all__ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'digits_arrays', 'resize_uint8', 'split_indices', 'Digits', 'to_float', 'to_uint8',
-           'FolderReport', 'open_image', 'scan_image_folder', 'ImageFolder', 'load_torchvision', 'load_mnist',
-           'load_fashion_mnist', 'load_cifar10']
+__all__ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', 'TEST_SPLITS', 'digits_arrays', 'resize_uint8',
+           'split_indices', 'Digits', 'to_float', 'to_uint8', 'FolderReport', 'open_image', 'scan_image_folder',
+           'split_folders', 'ImageFolder', 'load_torchvision', 'load_mnist', 'load_fashion_mnist', 'load_cifar10']
 
 # %% ../nbs/01_data.ipynb #50288c3a
 DIGITS_SIZES = (8, 16, 32)
@@ -41,14 +41,16 @@ def resize_uint8(x: torch.Tensor, size: int) -> torch.Tensor:
     return y.round().clamp(0, 255).to(torch.uint8)
 
 def split_indices(labels: np.ndarray, valid_frac: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    "A stratified, seeded split of `range(len(labels))` into `(train_idx, valid_idx)`."
+    """A stratified, seeded split of `range(len(labels))` into `(train_idx, valid_idx)`: about
+    `valid_frac` of each class goes to validation, but every class keeps at least one training image
+    (a class of one image is all training, so it has no validation image)."""
     if not 0 < valid_frac < 1: raise ValueError(f"valid_frac must be in (0, 1), got {valid_frac!r}")
     rng = np.random.default_rng(seed)
     tr, va = [], []
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
         rng.shuffle(idx)
-        n_va = int(round(len(idx) * valid_frac))
+        n_va = min(int(round(len(idx) * valid_frac)), len(idx) - 1)
         va.append(idx[:n_va]); tr.append(idx[n_va:])
     return np.sort(np.concatenate(tr)), np.sort(np.concatenate(va))
 
@@ -170,14 +172,56 @@ def scan_image_folder(folder: str | os.PathLike, recursive: bool = True, min_siz
         rep.ok.append(p)
     return rep
 
+# %% ../nbs/01_data.ipynb #acbc0fa6
+TRAIN_SPLITS = ("train", "training")
+VALID_SPLITS = ("val", "valid", "validation", "eval", "evaluation")
+TEST_SPLITS = ("test", "testing")
+
+def split_folders(root: str | os.PathLike) -> dict[str, Path] | None:
+    """The splits of an image folder laid out as `root/SPLIT/CLASS/image`, named as timm's
+    `create_dataset` looks for them (`TRAIN_SPLITS`, `VALID_SPLITS`; `TEST_SPLITS`), any case:
+    `{'train': Path, 'valid': Path, 'test': Path}` for those present; None when no sub-folder has
+    a split name. `ValueError` naming the folders for split folders beside others (`train/` and
+    `cat/`), two folders for one split (`val/` and `valid/`), or no training split."""
+    root = Path(root)
+    kinds = {"train": TRAIN_SPLITS, "valid": VALID_SPLITS, "test": TEST_SPLITS}
+    subs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    found: dict[str, list[str]] = {}
+    for name in subs:
+        kind = next((k for k, names in kinds.items() if name.lower() in names), None)
+        if kind: found.setdefault(kind, []).append(name)
+    if not found: return None
+    splits = [n for v in found.values() for n in v]
+    other = [n for n in subs if n not in splits]
+    if other:
+        raise ValueError(f"{root} mixes split folders {splits} with other folders {other}: put "
+                         f"the class folders under {root}/train/ (and val/), or rename {splits} "
+                         "if they are classes")
+    twice = {k: v for k, v in found.items() if len(v) > 1}
+    if twice: raise ValueError(f"{root} has several folders for a split {twice}: keep one of each")
+    if "train" not in found:
+        raise ValueError(f"{root} holds the split folder(s) {splits} but no training split: "
+                         f"add {root}/train/CLASS/ (or one of {list(TRAIN_SPLITS)})")
+    return {k: root / v[0] for k, v in found.items()}
+
+def _refuse_split_layout(folder: Path):
+    "Raise `ValueError` when `folder` is split (`split_folders`): its classes are one level down."
+    try: splits = split_folders(folder)
+    except ValueError: return     # split names beside other names: they may be classes ('test')
+    if splits:
+        raise ValueError(f"{folder} is split into {[p.name for p in splits.values()]} (root/SPLIT/"
+                         "CLASS/image), not one folder per class: load each split on its own, e.g. "
+                         f"ImageFolder({str(splits['train'])!r}, labels='subfolder')")
+
 # %% ../nbs/01_data.ipynb #bdc693a2
 class ImageFolder(Dataset):
     """Images from a folder (png/jpg/webp/bmp/gif/tiff), checked with `scan_image_folder`.
 
     Each item is `x` (or `(x, y)` when `labels='subfolder'`): `(channels, size, size)` float32 in [-1, 1]
     or uint8, resized on the short side then centre-cropped. `self.report` lists the skipped files;
-    a warning names how many were skipped. Raises `ValueError` if no usable image is found (naming the folder
-    and the skip reasons), `FileNotFoundError` for a missing folder."""
+    a warning names how many were skipped. `ValueError` if no usable image is found (naming the
+    folder and the reasons) or for a split folder with `labels='subfolder'` (`split_folders`);
+    `FileNotFoundError` for a missing folder."""
     def __init__(self, folder: str | os.PathLike, size: int = 32, channels: int = 3, dtype: str = "float",
                  labels: str | None = None, recursive: bool = True):
         _check_choice("channels", channels, (1, 3))
@@ -185,6 +229,7 @@ class ImageFolder(Dataset):
         _check_choice("labels", labels, (None, "subfolder"))
         if not isinstance(size, int) or size < 1: raise ValueError(f"size must be a positive int, got {size!r}")
         self.folder, self.size, self.channels, self.dtype = Path(folder), size, channels, dtype
+        if labels == "subfolder" and self.folder.is_dir(): _refuse_split_layout(self.folder)
         self.report = scan_image_folder(folder, recursive=recursive)
         if not self.report.ok:
             raise ValueError(f"no usable images in {self.folder} ({len(self.report.skipped)} files skipped)\n{self.report!r}")

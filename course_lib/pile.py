@@ -4,7 +4,7 @@
 
 # %% ../nbs/60_pile_format.ipynb #74222bb0
 from __future__ import annotations
-import argparse, gzip, hashlib, json, os, queue, sys, sysconfig, threading
+import argparse, gzip, hashlib, json, os, queue, sys, sysconfig, threading, warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -28,11 +28,11 @@ except ImportError:  # pragma: no cover - msgspec is a requirement
 # module take seconds and forking a worker process (course pile stats --processes) several times slower
 
 # %% auto #0
-__all__ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MINI_PILE_SUBSETS', 'SPLITS', 'TEXT_SUFFIXES',
-           'PileSubset', 'PileFormatError', 'CorruptStreamError', 'write_jsonl_zst', 'ReadStats', 'read_jsonl_zst',
-           'pile_set_name', 'filter_subsets', 'SubsetCount', 'count_subsets', 'merge_counts', 'composition_table',
-           'format_table', 'split_of', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile',
-           'load_corpus', 'pile_main']
+__all__ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MAX_WINDOW_SIZE', 'MINI_PILE_SUBSETS', 'SPLITS',
+           'TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'PileSubset', 'PileFormatError', 'CorruptStreamError', 'write_jsonl_zst',
+           'ReadStats', 'read_jsonl_zst', 'pile_set_name', 'filter_subsets', 'SubsetCount', 'count_subsets',
+           'merge_counts', 'composition_table', 'format_table', 'split_of', 'mini_pile_sources', 'mini_pile_records',
+           'build_mini_pile', 'mini_pile', 'skipped_files_note', 'load_corpus', 'pile_main']
 
 # %% ../nbs/60_pile_format.ipynb #7cada6c8
 @dataclass(frozen=True)
@@ -81,15 +81,41 @@ class PileFormatError(ValueError):
         where = f"{self.path}, line {line}" if line is not None else self.path
         super().__init__(f"{where}: {reason}")
 
-class CorruptStreamError(PileFormatError):
-    """The zstd stream is corrupt or truncated: `.offset` (compressed bytes read when it failed) and
-    `.good_records` (records read successfully before it)."""
-    def __init__(self, path, offset, good_records, reason):
-        self.offset, self.good_records = offset, good_records
-        super().__init__(path, None, f"corrupt zstd stream at compressed byte offset {offset} after {good_records} "
-                                     f"good records ({reason}); the records before it were read, re-download or "
-                                     f"re-create the file")
+    def __reduce__(self):   # pickled with its arguments: a worker's error reaches the parent
+        return type(self), (self.path, self.line, self.reason), self.__dict__
 
+MAX_WINDOW_SIZE = 1 << 31   # the largest zstd window read: `zstd --long=31`, zstd's own maximum
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    "A decompressor for long-window files (`zstd --long=N`, N <= 31; windows allocated as needed)."
+    return zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE)
+
+def _corrupt_message(offset, good_records, reason) -> str:
+    at = f"compressed byte offset {offset}"
+    if "checksum" in reason:
+        return (f"zstd content checksum mismatch in the frame that ends at {at}: the file is "
+                f"damaged, and the {good_records} records read before it may include damaged ones "
+                f"from that frame; re-download or re-create the file")
+    if "too much memory" in reason:
+        return (f"a zstd frame at {at} asks for a window larger than the reader's cap of "
+                f"{MAX_WINDOW_SIZE >> 20} MiB (zstd --long=31), after {good_records} good records "
+                f"({reason}): no zstd tool writes such frames, the file is damaged")
+    return (f"corrupt zstd stream at {at} after {good_records} good records ({reason}); the "
+            f"records before it were read, re-download or re-create the file")
+
+class CorruptStreamError(PileFormatError):
+    """The zstd stream is corrupt, truncated or fails its content checksum: `.offset` (compressed
+    bytes read when it failed), `.good_records` (records read before it), `.zstd_reason` (zstd's
+    words)."""
+    def __init__(self, path, offset, good_records, reason):
+        self.offset, self.good_records, self.zstd_reason = offset, good_records, reason
+        super().__init__(path, None, _corrupt_message(offset, good_records, reason))
+
+    def __reduce__(self):
+        args = (self.path, self.offset, self.good_records, self.zstd_reason)
+        return type(self), args, self.__dict__
+
+# %% ../nbs/60_pile_format.ipynb #884bd0d9
 def _as_record(rec, i: int) -> dict:
     if isinstance(rec, str): return {"text": rec, "meta": {}}
     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
@@ -99,23 +125,36 @@ def _as_record(rec, i: int) -> dict:
         raise TypeError(f"record {i}: 'meta' must be a dict, got {type(rec['meta']).__name__}")
     return rec if "meta" in rec else {**rec, "meta": {}}
 
+def _record_line(rec, i: int) -> bytes:
+    "One JSON line for record `i` (orjson refuses ints beyond 64 bits; the reader returns them)."
+    rec = _as_record(rec, i)
+    try:
+        return _dumps(rec)
+    except TypeError:
+        pass
+    try:   # json writes integers of any size; NaN and infinities are not JSON
+        return (json.dumps(rec, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"record {i} cannot be written as JSON: {e}") from None
+
 def write_jsonl_zst(path: str | os.PathLike, records: Iterable[dict | str], level: int = 3,
                     threads: int = 0) -> int:
     """Write `records` (dicts `{'text': str, 'meta': dict}`, or plain strings) to a Pile-format `.jsonl.zst`.
 
     Streaming (one record in memory at a time) and atomic (temporary file, then rename). `level`: zstd level
     (1-22; the Pile used 3), `threads`: zstd worker threads (0: none). Returns the number of records.
-    Raises `TypeError` naming the index of a record that is not a str or a dict with a str `text`.
-    Same lines as `lm_dataformat.Archive.add_data` (one JSON object and `\\n` a record)."""
+    Raises `TypeError` naming the index of a record that is not a str or a dict with a str `text`,
+    or that holds a value JSON cannot write. The frame carries zstd's content checksum (the reader
+    checks it). Same lines as `lm_dataformat.Archive.add_data`: a JSON object and `\\n` a record."""
     from course_lib.core import atomic_write
     if not 1 <= level <= 22: raise ValueError(f"zstd level must be in 1..22, got {level}")
     n = 0
     with atomic_write(path, "wb") as fh:
-        cctx = zstandard.ZstdCompressor(level=level, threads=threads)
+        cctx = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
         with cctx.stream_writer(fh, closefd=False) as w:
             buf, size = [], 0
             for n, rec in enumerate(records, 1):
-                line = _dumps(_as_record(rec, n - 1))
+                line = _record_line(rec, n - 1)
                 buf.append(line); size += len(line)
                 if size >= 1 << 20: w.write(b"".join(buf)); buf, size = [], 0
             if buf: w.write(b"".join(buf))
@@ -205,7 +244,7 @@ class _Fast:
     "Decompresses a (multi-frame) zstd file straight into the caller's buffers (no intermediate bytes objects)."
     def __init__(self, fh, read_size: int):
         self.src = _Source(fh, read_size)
-        self.reader = zstandard.ZstdDecompressor().stream_reader(self.src, read_size=read_size, read_across_frames=True)
+        self.reader = _dctx().stream_reader(self.src, read_size=read_size, read_across_frames=True)
         self.delivered = 0
 
     def fill(self, view) -> int:
@@ -219,7 +258,7 @@ class _Fast:
 def _zstd_chunks(fh, stats: ReadStats, read_size: int = 1 << 16, skip: int = 0) -> Iterator[bytes]:
     """The careful path: decompressed pieces of a (multi-frame) zstd stream after its first `skip` bytes, from frame
     to frame; raises `_Corrupt` (compressed offset to within `read_size`) on corrupt or truncated input."""
-    dctx = zstandard.ZstdDecompressor()
+    dctx = _dctx()
     new = lambda: dctx.decompressobj(write_size=1 << 20)
     dobj, in_frame = new(), False
     while True:
@@ -288,7 +327,9 @@ def _threaded(fill, nbuf: int = _NBUF) -> Iterator[tuple]:
         t.join(timeout=5)
 
 def _bad(stats: ReadStats, strict: bool, line_no: int, kind: str, reason: str):
-    if strict: raise PileFormatError(stats.path, line_no, reason + " (errors='skip' skips such lines and counts them)")
+    if strict:
+        hint = " (errors='skip', or --errors skip on the command line, skips and counts such lines)"
+        raise PileFormatError(stats.path, line_no, reason + hint)
     setattr(stats, kind, getattr(stats, kind) + 1)
     if len(stats.errors) < 20: stats.errors.append((line_no, reason))
 
@@ -298,18 +339,32 @@ def _unparsable(line: bytes, line_no: int, stats: ReadStats, strict: bool, err) 
     except UnicodeDecodeError as u: return _bad(stats, strict, line_no, "bad_utf8", f"invalid UTF-8 at byte {u.start} of the line")
     _bad(stats, strict, line_no, "bad_json", f"invalid JSON ({err})")
 
-def _not_a_record(obj, line_no: int, stats: ReadStats, strict: bool) -> None:
+def _not_a_record(obj, line_no: int, stats: ReadStats, strict: bool) -> dict | None:
+    """The record in a line that is not `{'text': str, ...}`, as lm_dataformat reads it: `text` a list
+    of str (joined with a blank line, '\\n\\n'), or a bare JSON string (`meta` {}); else None (the line
+    is counted, or raised)."""
     t = obj.get("text") if type(obj) is dict else None
+    if type(t) is list and all(type(x) is str for x in t):
+        return {**obj, "text": "\n\n".join(t)}
+    if type(obj) is str:
+        return {"text": obj, "meta": {}}
     what = ("no 'text' field" if type(obj) is dict and "text" not in obj else
-            f"'text' is {type(t).__name__}, not str" if type(obj) is dict else f"a JSON {type(obj).__name__}, not an object")
+            f"'text' is {type(t).__name__}, not str (or a list of str)" if type(obj) is dict else
+            f"a JSON {type(obj).__name__}, not an object")
     _bad(stats, strict, line_no, "bad_text", f"record has {what}")
+
+_BOM = b"\xef\xbb\xbf"
 
 def _records(pieces: Iterable[tuple], stats: ReadStats, strict: bool) -> Iterator[dict]:
     """Records from pieces `(buffer, nbytes)` of JSON lines. A line is decoded in place (a memoryview slice of the
     piece: no copy); only a line cut by the end of a piece is copied and joined with its continuation."""
-    loads, tail, line_no = _loads, [], stats.lines
+    loads, tail, line_no, first = _loads, [], stats.lines, True
     for buf, n in pieces:
         find, mv, pos = buf.find, memoryview(buf), 0
+        if first:   # a UTF-8 byte-order mark at the file's start is not part of the first line
+            first = False
+            if buf.startswith(_BOM, 0, n):
+                pos = len(_BOM)
         if tail:
             nl = find(b"\n", 0, n)
             if nl < 0: tail.append(mv[:n].tobytes()); continue
@@ -319,7 +374,10 @@ def _records(pieces: Iterable[tuple], stats: ReadStats, strict: bool) -> Iterato
             except ValueError as e: _unparsable(line, line_no, stats, strict, e)
             else:
                 if type(obj) is dict and type(obj.get("text")) is str: stats.records += 1; stats.lines = line_no; yield obj
-                else: _not_a_record(obj, line_no, stats, strict)
+                elif (obj := _not_a_record(obj, line_no, stats, strict)) is not None:
+                    stats.records += 1
+                    stats.lines = line_no
+                    yield obj
         while (nl := find(b"\n", pos, n)) >= 0:
             line_no += 1
             if nl == pos: stats.blank += 1; pos += 1; continue
@@ -327,7 +385,10 @@ def _records(pieces: Iterable[tuple], stats: ReadStats, strict: bool) -> Iterato
             except ValueError as e: _unparsable(mv[pos:nl].tobytes(), line_no, stats, strict, e)
             else:
                 if type(obj) is dict and type(obj.get("text")) is str: stats.records += 1; stats.lines = line_no; yield obj
-                else: _not_a_record(obj, line_no, stats, strict)
+                elif (obj := _not_a_record(obj, line_no, stats, strict)) is not None:
+                    stats.records += 1
+                    stats.lines = line_no
+                    yield obj
             pos = nl + 1
         if pos < n: tail.append(mv[pos:n].tobytes())
         stats.lines = line_no
@@ -337,20 +398,28 @@ def _records(pieces: Iterable[tuple], stats: ReadStats, strict: bool) -> Iterato
         except ValueError as e: _unparsable(line, line_no, stats, strict, e)
         else:
             if type(obj) is dict and type(obj.get("text")) is str: stats.records += 1; yield obj
-            else: _not_a_record(obj, line_no, stats, strict)
+            elif (obj := _not_a_record(obj, line_no, stats, strict)) is not None:
+                stats.records += 1
+                yield obj
 
 def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
                    threaded: bool = True, read_size: int = 1 << 22) -> Iterator[dict]:
-    """Stream the records of a Pile-format `.jsonl.zst` (or plain `.jsonl`) file as dicts `{'text': str, 'meta': ...}`.
+    """Stream the records of a Pile-format `.jsonl.zst` (or plain `.jsonl`) file as dicts
+    `{'text': str, 'meta': ...}`.
 
-    Memory is bounded whatever the file size: three decompressed pieces of at most 4 MB (one with `threaded=False`)
-    and `read_size` compressed bytes (read at a time). `errors`: 'strict' raises `PileFormatError` with the 1-based
-    line number for a line that is not JSON, not UTF-8, or has no str `text`; 'skip' skips it and counts it in
-    `stats` (a `ReadStats` you pass in). Blank lines are skipped in both modes. A corrupt or truncated zstd stream
-    raises `CorruptStreamError` (file, compressed byte offset to within 64 KB, good records before it) in both modes,
-    after yielding every complete record before it. `threaded`: decompress in a background thread, overlapping with
-    parsing. An empty (0-byte) file has no records. JSON is decoded by msgspec (orjson, then json, if it is missing).
-    Mirrors `lm_dataformat.Reader.read_jsonl_zst` (same records, same order)."""
+    Memory is bounded whatever the file size: three decompressed pieces of at most 4 MB (one with
+    `threaded=False`) and `read_size` compressed bytes (read at a time). `errors`: 'strict' raises
+    `PileFormatError` with the 1-based line number for a line that is not JSON, not UTF-8, or has no
+    str `text` (a list of str is joined with a blank line and a bare JSON string is a record, as
+    lm_dataformat reads them); 'skip' skips it and counts it in `stats` (a `ReadStats` you pass in).
+    Blank lines are skipped in both modes. A corrupt or truncated zstd stream raises
+    `CorruptStreamError` (file, compressed byte offset to within 64 KB, good records before it) in
+    both modes, after yielding every complete record before it; so does a frame whose content
+    checksum fails (the writer writes checksums). Long-window files (`zstd --long=N`) are read up to
+    `MAX_WINDOW_SIZE` (2 GiB, N = 31), the window allocated as the file needs. A UTF-8 byte-order
+    mark at the start is skipped. `threaded`: decompress in a background thread, overlapping with
+    parsing. An empty (0-byte) file has no records. JSON is decoded by msgspec (orjson, then json,
+    if it is missing). Mirrors `lm_dataformat.Reader.read_jsonl_zst` (same records, same order)."""
     if errors not in ("strict", "skip"): raise ValueError(f"errors must be 'strict' or 'skip', got {errors!r}")
     strict = errors == "strict"
     path = Path(path)
@@ -379,9 +448,13 @@ def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadS
 
 # %% ../nbs/60_pile_format.ipynb #3146dede
 def pile_set_name(record: dict, default: str = "unknown") -> str:
-    "The subset a record belongs to: `record['meta']['pile_set_name']`, else `default`."
+    """The subset a record belongs to: `record['meta']['pile_set_name']`, else `default` (also for
+    null). A name that is not a str (a list such as `["Github"]`, a number) is returned as its JSON
+    text, so that it is counted, and shown, under a name of its own."""
     meta = record.get("meta")
-    return meta.get("pile_set_name", default) if isinstance(meta, dict) else default
+    name = meta.get("pile_set_name") if isinstance(meta, dict) else None
+    if name is None: return default
+    return name if type(name) is str else json.dumps(name, ensure_ascii=False, default=repr)
 
 def filter_subsets(records: Iterable[dict], names: Iterable[str]) -> Iterator[dict]:
     "Only the records whose `pile_set_name` is in `names` (streaming)."
@@ -549,46 +622,121 @@ def mini_pile(max_mb_per_subset: float = 4.0, max_doc_kb: float = 256, rebuild: 
 # %% ../nbs/60_pile_format.ipynb #08dd4d3e
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".tex", ".html", ".json", ".csv", ".c", ".h", ".js", ".java", ".go", ".rs")
 
+SHARD_SUFFIXES = (".jsonl.zst", ".jsonl", ".json.zst")
+
+def _json_array_records(path: Path, errors: str, stats: ReadStats | None) -> Iterator[dict] | None:
+    """The records of a `.json.zst` holding one JSON array of texts (or records), as lm_dataformat's
+    `read_json` reads it (whole, in memory); None when the file holds JSON lines instead."""
+    with open(path, "rb") as fh:
+        try:
+            head = _dctx().stream_reader(fh, read_across_frames=True).read(1 << 12)
+        except zstandard.ZstdError:
+            return None        # read_jsonl_zst says where the stream is corrupt
+    if not head.removeprefix(_BOM).lstrip().startswith(b"["): return None
+    stats = stats if stats is not None else ReadStats()
+    stats.path, strict = str(path), errors == "strict"
+    with open(path, "rb") as fh:
+        try: data = b"".join(_zstd_chunks(fh, stats))
+        except _Corrupt as e: raise CorruptStreamError(path, e.offset, 0, e.reason) from None
+    try: items = _loads(data.removeprefix(_BOM))
+    except ValueError as e: raise PileFormatError(path, None, f"invalid JSON array ({e})") from None
+    return _array_items(items, stats, strict)
+
+def _array_items(items: list, stats: ReadStats, strict: bool) -> Iterator[dict]:
+    for i, obj in enumerate(items, 1):
+        try:
+            ok = type(obj) is dict and type(obj.get("text")) is str
+            rec = obj if ok else _not_a_record(obj, None, stats, strict)
+        except PileFormatError as e:
+            raise PileFormatError(e.path, None, f"item {i} of the JSON array: {e.reason}") from None
+        if rec is not None:
+            stats.records += 1
+            yield rec
+
+# %% ../nbs/60_pile_format.ipynb #0fd4147d
+def _folder_files(path: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """`(shards, text_files, skipped)` of a folder, each sorted: a folder that holds shards
+    (`SHARD_SUFFIXES`) is read as its shards, else as its text files (`TEXT_SUFFIXES`); `skipped`: the
+    other files. Files and folders whose name starts with '.' (temporary files, .git) are not looked at."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    shards = [p for p in files if p.name.endswith(SHARD_SUFFIXES)]
+    texts = [] if shards else [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
+    read = set(shards or texts)
+    return shards, texts, [p for p in files if p not in read]
+
+def skipped_files_note(path: Path, shards: list, skipped: list[Path]) -> str:
+    "What `load_corpus` (and `course pile stats`) say about the files of a folder they do not read."
+    kind = (f"shards ({', '.join(SHARD_SUFFIXES)})" if shards else
+            f"text files ({', '.join(TEXT_SUFFIXES)})")
+    names = [p.relative_to(path).as_posix() for p in skipped[:5]]
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return f"{path}: skipped {len(skipped)} file(s) that are not {kind}: {', '.join(names)}{more}"
+
 def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
                 threaded: bool = True) -> Iterator[dict]:
-    """Records from `path`: a `.jsonl.zst` or `.jsonl` file, a folder holding such files (read in sorted order),
-    or a folder of text files (`TEXT_SUFFIXES`; each file is a document whose `pile_set_name` is its top-level
-    sub-folder, or the folder's own name). `errors`, `stats`, `threaded`: as in `read_jsonl_zst`.
-    Raises `FileNotFoundError` for a missing path or an empty folder."""
+    """Records from `path`: a `.jsonl.zst`, `.jsonl` or `.json.zst` file (lm_dataformat's one JSON
+    array of texts, read whole; or JSON lines), a folder holding such files (read in sorted order), or a
+    folder of text files (`TEXT_SUFFIXES`; each file is a document whose `pile_set_name` is its
+    top-level sub-folder, or the folder's own name). A folder's other files are named in a warning
+    (`skipped_files_note`); names starting with '.' are ignored. `errors`, `stats`, `threaded`: as in `read_jsonl_zst`.
+    Raises `FileNotFoundError` for a missing path or a folder with nothing to read."""
     path = Path(path)
     if path.is_file():
-        if path.name.endswith((".jsonl.zst", ".jsonl")): yield from read_jsonl_zst(path, errors, stats, threaded); return
-        raise ValueError(f"{path}: expected a .jsonl.zst or .jsonl file, or a folder of text files")
+        if path.name.endswith(".json.zst"):
+            recs = _json_array_records(path, errors, stats)
+            if recs is not None:
+                yield from recs
+                return
+        if path.name.endswith(SHARD_SUFFIXES):
+            yield from read_jsonl_zst(path, errors, stats, threaded)
+            return
+        raise ValueError(f"{path}: expected a {', '.join(SHARD_SUFFIXES)} file, or a folder")
     if not path.is_dir(): raise FileNotFoundError(f"no such file or folder: {path}")
-    shards = sorted(p for p in path.rglob("*") if p.name.endswith((".jsonl.zst", ".jsonl")) and not p.name.startswith("."))
+    shards, files, skipped = _folder_files(path)
+    if not shards and not files:
+        held = f"; it holds {skipped[0].name}" if skipped else ""
+        raise FileNotFoundError(f"{path} holds no {'/'.join(SHARD_SUFFIXES)} files and no text files "
+                                f"({', '.join(TEXT_SUFFIXES)}){held}")
+    if skipped: warnings.warn(skipped_files_note(path, shards, skipped), stacklevel=2)
     if shards:
-        for p in shards: yield from read_jsonl_zst(p, errors, stats, threaded)
+        for p in shards: yield from load_corpus(p, errors, stats, threaded)
         return
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-    if not files: raise FileNotFoundError(f"{path} holds no .jsonl.zst/.jsonl files and no text files ({', '.join(TEXT_SUFFIXES)})")
     for p in files:
         rel = p.relative_to(path)
         text = _read_text(p)
+        if text is not None: text = text.removeprefix("\ufeff")   # a byte-order mark is not text
         if text is None:
-            if errors == "strict": raise PileFormatError(p, None, "not UTF-8 text (errors='skip' skips it)")
+            if errors == "strict":
+                raise PileFormatError(p, None, "not UTF-8 text (errors='skip', or --errors skip, skips it)")
+            if stats is not None:   # skipped, and counted as a read counts a bad line
+                stats.bad_utf8 += 1
+                if len(stats.errors) < 20: stats.errors.append((None, f"{p}: not UTF-8 text"))
             continue
         name = rel.parts[0] if len(rel.parts) > 1 else path.name
         yield {"text": text, "meta": {"pile_set_name": name, "source": rel.as_posix()}}
 
 # %% ../nbs/60_pile_format.ipynb #59b7cc10
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
 def _stats_one(path: str, errors: str, threaded: bool = True) -> tuple[dict, dict]:
     st = ReadStats()
-    counts = count_subsets(load_corpus(path, errors, st, threaded=threaded))
+    with warnings.catch_warnings():   # the command names a folder's skipped files (`_stats_tasks`)
+        warnings.filterwarnings("ignore", message=r".*: skipped \d+ file\(s\) that are not")
+        counts = count_subsets(load_corpus(path, errors, st, threaded=threaded))
     return {k: asdict(v) for k, v in counts.items()}, {"lines": st.lines, "skipped": st.skipped, "blank": st.blank}
 
-def _stats_tasks(paths: list[str]) -> list[str]:
-    "One task a shard: a folder of .jsonl.zst/.jsonl shards becomes its shards (a folder of text files stays one task)."
-    out = []
+def _stats_tasks(paths: list[str]) -> tuple[list[str], list[str]]:
+    """`(tasks, notes)`: one task a shard (a folder of shards becomes its shards, a folder of text files
+    stays one task), and a note for each folder that holds files that are not read."""
+    out, notes = [], []
     for f in paths:
         p = Path(f)
-        shards = sorted(q for q in p.rglob("*") if q.name.endswith((".jsonl.zst", ".jsonl")) and not q.name.startswith(".")) if p.is_dir() else []
+        shards, texts, skipped = _folder_files(p) if p.is_dir() else ([], [], [])
         out += [str(q) for q in shards] or [f]
-    return out
+        if skipped: notes.append(skipped_files_note(p, shards, skipped))
+    return out, notes
 
 def pile_main(argv: list[str]) -> int:
     "`course pile stats FILE... [--json] [--errors skip] [--processes N]` | `course pile build-mini OUT [--max-mb N]`. Returns the exit code."
@@ -618,12 +766,12 @@ def pile_main(argv: list[str]) -> int:
     missing = [f for f in a.files if not Path(f).exists()]
     if missing: print(f"course pile stats: no such file or folder: {', '.join(missing)}", file=sys.stderr); return 2
     if a.processes < 1: print(f"course pile stats: --processes must be >= 1, got {a.processes}", file=sys.stderr); return 2
-    tasks = _stats_tasks(a.files)
+    tasks, notes = _stats_tasks(a.files)
+    for note in notes: print(f"course pile stats: {note}", file=sys.stderr)
     try:
         if a.processes > 1 and len(tasks) > 1:
             # largest shards first, so that no process is left with a big one at the end; one thread a process
             # (the processes already use the cores); results are a few small dicts, cheap to send back
-            from concurrent.futures import ProcessPoolExecutor
             order = sorted(range(len(tasks)), key=lambda i: -Path(tasks[i]).stat().st_size if Path(tasks[i]).is_file() else 0)
             with ProcessPoolExecutor(min(a.processes, len(tasks))) as ex:
                 futs = {i: ex.submit(_stats_one, tasks[i], a.errors, False) for i in order}
@@ -631,6 +779,10 @@ def pile_main(argv: list[str]) -> int:
         else: parts = [_stats_one(f, a.errors) for f in tasks]
     except (PileFormatError, ValueError, FileNotFoundError) as e:
         print(f"course pile stats: {e}", file=sys.stderr); return 1
+    except BrokenProcessPool as e:   # a worker killed (out of memory, a signal): no error came back
+        print(f"course pile stats: a worker process died ({e}); try fewer --processes",
+              file=sys.stderr)
+        return 1
     counts = merge_counts(*[{k: SubsetCount(**v) for k, v in c.items()} for c, _ in parts])
     rows = composition_table(counts)
     skipped = sum(i["skipped"] for _, i in parts)

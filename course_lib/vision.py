@@ -172,10 +172,22 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor
                 metadata: dict[str, Any] | None = None) -> tuple[Path, float]:
     """Export `model` (eval mode, CPU) to ONNX at `path` (atomically) with input `x` `(batch, C, H, W)` and output
     `logits` `(batch, K)`, the batch axis dynamic, and `metadata` (default: the model's data config) in the
-    graph's metadata_props. Validated with onnxruntime (CPU) against PyTorch on batches of `check_batch_sizes`:
+    graph's metadata_props, with `input_size` the example's `(C, H, W)`, which the graph takes
+    (`ValueError` for a `metadata['input_size']` that differs; another size than the config's sets
+    `crop_pct` 1.0). Validated with onnxruntime (CPU) against PyTorch on batches of
+    `check_batch_sizes`:
     returns `(path, max abs difference)`; raises `RuntimeError` if it exceeds `atol` (the file is removed).
     Uses the TorchScript-based exporter (`torch.onnx.export(dynamo=False)`)."""
     import onnx, onnxruntime as ort
+    size = [int(s) for s in example.shape[1:]]             # what the graph takes, batch apart
+    if metadata is None:
+        cfg = model_data_config(model)
+        if list(cfg["input_size"]) != size: cfg.update(input_size=size, crop_pct=1.0)
+        metadata = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+    if [int(s) for s in metadata.get("input_size", size)] != size:
+        raise ValueError(f"metadata input_size {list(metadata['input_size'])} but the graph takes "
+                         f"{size} (the example's shape): export with an example of that size")
+    meta = dict(metadata, input_size=size)
     model = copy.deepcopy(model).cpu().eval()
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
@@ -183,8 +195,6 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor
         torch.onnx.export(model, (example.cpu(),), buf, input_names=["x"], output_names=["logits"],
                           dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}}, opset_version=opset, dynamo=False)
     proto = onnx.load_from_string(buf.getvalue())
-    meta = metadata if metadata is not None else {k: list(v) if isinstance(v, tuple) else v
-                                                  for k, v in model_data_config(model).items()}
     for k, v in meta.items():
         p = proto.metadata_props.add(); p.key, p.value = str(k), json.dumps(v)
     onnx.checker.check_model(proto)

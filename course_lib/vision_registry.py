@@ -20,7 +20,8 @@ from timm.models.vision_transformer import VisionTransformer
 
 # %% auto #0
 __all__ = ['default_cfgs', 'suggest_models', 'check_model_name', 'count_params', 'count_flops', 'course_resnet_32',
-           'course_vit_32', 'model_in_chans', 'model_fixed_size', 'model_data_config', 'normalize_images']
+           'course_vit_32', 'model_in_chans', 'model_fixed_size', 'model_data_config', 'normalize_images',
+           'record_input_size']
 
 # %% ../nbs/50_timm_registry.ipynb #c77297d5
 def suggest_models(name: str, n: int = 5) -> list[str]:
@@ -149,3 +150,21 @@ def normalize_images(x: torch.Tensor, data_config: dict[str, Any]) -> torch.Tens
     mean = torch.tensor(data_config["mean"], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
     std = torch.tensor(data_config["std"], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
     return ((x + 1) / 2 - mean) / std
+
+# %% ../nbs/50_timm_registry.ipynb #abc44aea
+def record_input_size(model: nn.Module, img_size: int | Sequence[int]) -> nn.Module:
+    """Record in `model.pretrained_cfg` the input size `model` is trained or run at (`img_size`: an
+    int or `(H, W)`) with `crop_pct` 1.0, so that `model_data_config(model)` and what reads it (a
+    checkpoint header, an ONNX file's metadata, `predict_logits`) give that size, not the pretrained
+    weights'. Raises `ValueError` naming `img_size` for a model built for another size (a ViT).
+    Returns `model`."""
+    hw = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
+    if len(hw) != 2 or min(hw) < 1:
+        raise ValueError(f"img_size must be an int or (H, W), got {img_size!r}")
+    fixed = model_fixed_size(model)
+    if fixed is not None and tuple(fixed) != hw:
+        raise ValueError(f"the model is built for {fixed[0]}x{fixed[1]} inputs, not "
+                         f"img_size={img_size}: create it with img_size={img_size}")
+    cfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    model.pretrained_cfg = dict(cfg, input_size=(model_in_chans(model), *hw), crop_pct=1.0)
+    return model

@@ -18,7 +18,8 @@ from torch.utils.data import TensorDataset
 
 from .core import grad_enabled, seed_everything, get_device, cache_dir, save_checkpoint
 from .data import Digits
-from .vision_registry import check_model_name, model_data_config, model_in_chans, normalize_images
+from .vision_registry import (check_model_name, model_data_config, model_in_chans, normalize_images,
+                                       model_fixed_size, record_input_size)
 
 # %% auto #0
 __all__ = ['SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task',
@@ -96,11 +97,29 @@ def _checkpoint_num_classes(model: nn.Module, shapes: dict) -> int | None:
         if f"{c}.weight" in shapes: return shapes[f"{c}.weight"][0]
     return None
 
+def _check_img_size(model: nn.Module, path, shapes: dict, meta: dict):
+    "Raise `ValueError` naming `img_size` when the file's position embedding is for another size."
+    fixed, pe = model_fixed_size(model), getattr(model, "pos_embed", None)
+    if fixed is None or pe is None: return
+    if tuple(shapes.get("pos_embed", pe.shape)) == tuple(pe.shape): return
+    if "input_size" in meta: saved = tuple(int(v) for v in json.loads(meta["input_size"])[1:])
+    else:   # tokens minus the class token(s), on a square grid of patches
+        n = shapes["pos_embed"][1] - (0 if model.no_embed_class else model.num_prefix_tokens)
+        saved = (round(n ** 0.5) * model.patch_embed.patch_size[0],) * 2
+    if saved == tuple(fixed): return       # another difference: check_checkpoint names it
+    size = saved[0] if saved[0] == saved[1] else saved
+    raise ValueError(f"img_size mismatch: {path} was trained on {saved[0]}x{saved[1]} images (its "
+                     f"position embedding is {tuple(shapes['pos_embed'])}) but the model is built "
+                     f"for {fixed[0]}x{fixed[1]}: create it with img_size={size} (load_finetuned "
+                     "reads it from the header), or resize the images")
+
 def check_checkpoint(model: nn.Module, path: str | os.PathLike) -> dict[str, str]:
     """Check that the checkpoint at `path` fits `model` apart from its classifier; return its metadata.
 
-    Raises `ValueError` naming the file and the fix for: another architecture (header or key/shape mismatch), or
-    an `in_chans` mismatch in the first convolution. `FileNotFoundError` if the file is missing."""
+    Raises `ValueError` naming the file and the fix for: another architecture (header or key/shape
+    mismatch), an `in_chans` mismatch in the first convolution, an `img_size` mismatch (a ViT's
+    position embedding), or a classifier partly in the file. A file without any classifier weights
+    (a backbone) fits: loading gives it a fresh head. `FileNotFoundError` if the file is missing."""
     shapes, meta = checkpoint_info(path)
     arch = (getattr(model, "pretrained_cfg", {}) or {}).get("architecture")
     if meta.get("architecture") and arch and meta["architecture"] != arch:
@@ -116,6 +135,11 @@ def check_checkpoint(model: nn.Module, path: str | os.PathLike) -> dict[str, str
             raise ValueError(f"in_chans mismatch: {path} was trained on {shapes[k][1]}-channel images ({k} {shapes[k]}) "
                              f"but the model takes {own[k][1]}: create it with in_chans={shapes[k][1]} and load "
                              f"images with channels={shapes[k][1]}")
+    _check_img_size(model, path, shapes, meta)
+    part = [k for k in own if k.startswith(heads) and k not in shapes]
+    if part and len(part) < len([k for k in own if k.startswith(heads)]):
+        raise ValueError(f"{path} holds only part of the classifier (no {part}): save the whole "
+                         "model, or drop every classifier tensor (a backbone gets a fresh head)")
     missing = [k for k in own if k not in shapes and not k.startswith(heads)]
     unexpected = [k for k in shapes if k not in own and not k.endswith("num_batches_tracked") and not k.startswith(heads)]
     wrong = [f"{k} {shapes[k]} vs {own[k]}" for k in own if k in shapes and shapes[k] != own[k] and not k.startswith(heads)]
@@ -134,7 +158,9 @@ def create_vision_model(model_name: str, num_classes: int, pretrained_file: str 
     With `pretrained_file`, the file is checked (`check_checkpoint`) and loaded through timm's pretrained path,
     `create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=..., num_classes=K))`, where K is the
     checkpoint's own class count: timm then keeps the classifier when `num_classes == K` and drops and
-    re-initialises it otherwise. `new_head=True` always starts a fresh classifier (`model.reset_classifier`).
+    re-initialises it otherwise; a file without classifier weights (a backbone) counts as K = 0, so
+    any class count gets a fresh head. `new_head=True` always starts a fresh classifier
+    (`model.reset_classifier`).
     Nothing is ever downloaded: without a file the model is randomly initialised.
     Raises `ValueError` for an unknown model name (with suggestions) and for an unfit checkpoint."""
     check_model_name(model_name)
@@ -150,20 +176,29 @@ def create_vision_model(model_name: str, num_classes: int, pretrained_file: str 
     check_checkpoint(model, pretrained_file)
     shapes, _ = checkpoint_info(pretrained_file)
     k = _checkpoint_num_classes(model, shapes)
-    overlay = dict(file=str(pretrained_file), **({"num_classes": k} if k is not None else {}))
+    overlay = dict(file=str(pretrained_file), num_classes=k or 0)   # no classifier in it: K = 0
     model = build(pretrained=True, pretrained_cfg_overlay=overlay)
     if new_head: model.reset_classifier(num_classes)
     return model
 
 def load_finetuned(path: str | os.PathLike, **kwargs) -> nn.Module:
-    """Reload a model saved by `save_model`, classifier included (architecture and class count from the header).
-    Raises `ValueError` if the header does not name an architecture."""
+    """Reload a model saved by `save_model`, classifier included: architecture, class count,
+    `in_chans` and input size from the header (a ViT is built for the saved `img_size`, and
+    `record_input_size` gives any model's data config that size). `kwargs` (e.g. `img_size`) go to
+    `create_vision_model`. Raises `ValueError` if the header names no architecture, or naming
+    `img_size` for a ViT asked for another size than the file was trained at."""
     _, meta = checkpoint_info(path)
     if "architecture" not in meta:
         raise ValueError(f"{path} has no 'architecture' in its header: use create_vision_model(name, num_classes, pretrained_file=...)")
     kw = dict(in_chans=int(meta["in_chans"])) if "in_chans" in meta else {}
+    size = [int(v) for v in json.loads(meta["input_size"])] if "input_size" in meta else None
+    if size: kw["img_size"] = size[1] if size[1] == size[2] else tuple(size[1:])
     kw.update(kwargs)
-    return create_vision_model(meta["architecture"], int(meta["num_classes"]), pretrained_file=path, **kw).eval()
+    K = int(meta["num_classes"])
+    model = create_vision_model(meta["architecture"], K, pretrained_file=path, **kw)
+    if kw.get("img_size") is not None and model_fixed_size(model) is None:
+        record_input_size(model, kw["img_size"])
+    return model.eval()
 
 # %% ../nbs/51_transfer_learning.ipynb #a1928350
 STRATEGIES = ("scratch", "linear", "full", "lld", "gradual")
@@ -241,7 +276,9 @@ def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
     `pretrained_file`: the source weights (safetensors, see `save_model`), loaded with a new head through
     timm's pretrained path (`create_vision_model(..., new_head=True)`); required by every strategy but
     'scratch', which ignores it. `num_classes` defaults to `max(y) + 1`. `model_kwargs` go to
-    `timm.create_model` (e.g. `in_chans`, `img_size`). Raises `ValueError` for an unknown strategy or model name,
+    `timm.create_model` (e.g. `in_chans`, `img_size`: default the images'); the model's config
+    records the size trained at (`record_input_size`). Raises `ValueError` for an unknown strategy
+    or model name,
     a missing `pretrained_file`, or an unfit checkpoint. Returns a `FinetuneResult` (model in eval mode)."""
     from timm.optim import create_optimizer_v2
     from timm.scheduler import CosineLRScheduler
@@ -258,12 +295,13 @@ def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
     kw = dict(model_kwargs or {})
     kw.setdefault("in_chans", int(xs.shape[1]))
     if not timm.is_model(model_name.split(".")[0]): check_model_name(model_name)
-    if "img_size" not in kw and "vit" in model_name: kw["img_size"] = int(xs.shape[-1])
+    kw.setdefault("img_size", int(xs.shape[-1]))    # a ViT is built for it; a CNN ignores it
     g = seed_everything(cfg.seed)
     device = get_device(cfg.device)
     model = create_vision_model(model_name, num_classes, None if strategy == "scratch" else pretrained_file,
                                 new_head=True, **kw)
     data_config = model_data_config(model, img_size=int(xs.shape[-1]))
+    record_input_size(model, int(xs.shape[-1]))       # the size trained at: header, exports
     normalize_images(xs[:1], data_config)             # fail early on a channel / size mismatch
     model.to(device).train()
     head = [n for n, _ in model.named_children() if n in {c.split(".")[0] for c in _classifier_prefixes(model)}]
