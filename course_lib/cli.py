@@ -144,6 +144,9 @@ class NotebookFailed(RuntimeError):
         self.notebook, self.cell, self.ename, self.evalue, self.output = notebook, cell, ename, evalue, output
         super().__init__(f"{Path(notebook).name}: cell {cell} raised {ename}: {evalue}")
 
+    def __reduce__(self):     # survives pickling (a worker process), with its arguments
+        return type(self), (self.notebook, self.cell, self.ename, self.evalue, self.output), self.__dict__
+
 def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params: dict | None = None,
                  results: str | os.PathLike | None = None, artifacts: str | os.PathLike | None = None,
                  timeout: int | None = None, progress: bool = False,
@@ -371,6 +374,9 @@ class UnstableOutput(RuntimeError):
             f"{Path(notebook).name}: cell {cell} (# {CHECK_MARKER}) prints {text!r}: {kind} changes "
             "from run to run, so nbval would fail the next test run. Print a stable value, or remove "
             f"# {CHECK_MARKER} from that cell. The notebook was not changed.")
+
+    def __reduce__(self):     # survives pickling (a worker process), with its arguments
+        return type(self), (self.notebook, self.cell, self.kind, self.text), self.__dict__
 
 def unstable_outputs(nb) -> list[tuple[int, str, str]]:
     "`(cell index, kind, the line)` for each checked text output that matches `UNSTABLE_OUTPUTS`."

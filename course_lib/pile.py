@@ -717,9 +717,6 @@ def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStat
         yield {"text": text, "meta": {"pile_set_name": name, "source": rel.as_posix()}}
 
 # %% ../nbs/60_pile_format.ipynb #59b7cc10
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-
 def _stats_one(path: str, errors: str, threaded: bool = True) -> tuple[dict, dict]:
     st = ReadStats()
     with warnings.catch_warnings():   # the command names a folder's skipped files (`_stats_tasks`)
@@ -767,6 +764,8 @@ def pile_main(argv: list[str]) -> int:
     if missing: print(f"course pile stats: no such file or folder: {', '.join(missing)}", file=sys.stderr); return 2
     if a.processes < 1: print(f"course pile stats: --processes must be >= 1, got {a.processes}", file=sys.stderr); return 2
     tasks, notes = _stats_tasks(a.files)
+    from concurrent.futures import ProcessPoolExecutor   # here: importing this module stays quick
+    from concurrent.futures.process import BrokenProcessPool
     for note in notes: print(f"course pile stats: {note}", file=sys.stderr)
     try:
         if a.processes > 1 and len(tasks) > 1:

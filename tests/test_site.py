@@ -33,7 +33,10 @@ def site(tmp_path_factory):
         d = Path(os.environ["COURSE_LIB_SITE"])
         return (d, Path(os.environ.get("COURSE_LIB_SITE_EXECUTED", ROOT / "runs" / "site-quick")),
                 [u for u in units if (d / "units" / u.name / "index.html").is_file()])
-    shared = tmp_path_factory.getbasetemp().parent / "course-site"
+    # one build per test session: under xdist the workers' base folders share a parent; without it that parent
+    # is shared by every session of the user, so the session's own base folder is used
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "course-site"
     shared.mkdir(exist_ok=True)
     out, executed, log = shared / "site", shared / "executed", shared / "build.log"
     with FileLock(str(shared / "lock")):
@@ -347,3 +350,19 @@ def test_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="browser tests cannot run in CI"): _no_browser("no Chromium")
     monkeypatch.setenv("CI", "")
     with pytest.raises(pytest.skip.Exception, match="browser tests skipped: no Chromium"): _no_browser("no Chromium")
+
+
+def test_lesson_pages_show_exercises_not_solutions(site):
+    "Each built lesson page shows its exercises and the checker's verdict on the stub, never a reference solution."
+    import course_lib.exercises as ex
+    d, _, units = site
+    lessons = [(u, nb, p) for u, nb, p in _lessons(d, units)
+               if "### Exercise 1 —" in nb.read_text(encoding="utf-8")]
+    assert lessons, "no lesson page with exercises in the site"
+    refs = [n for n in dir(ex) if n.startswith("_ref_")]
+    for u, nb, page in lessons:
+        text = page.read_text(encoding="utf-8")
+        assert re.search(r"Exercise 1\s*(—|&#8212;|&mdash;)", text), f"{page.name}: no 'Exercise 1 —' heading"
+        assert "not done yet" in text, f"{page.name}: the checker's output on the stub is not on the page"
+        shown = [r for r in refs if r in text or f"def {r}" in text]
+        assert not shown, f"{page.name} shows reference solutions {shown[:3]}"
