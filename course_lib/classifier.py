@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint
+from .core import restore_pretrained, grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_float
 
 # %% auto #0
@@ -140,6 +140,7 @@ def load_digits_classifier(device=None, config: ClassifierConfig | None = None, 
     dev = get_device(device)
     path = cache_dir("models", "digits_classifier") / f"{cfg.key()}.safetensors"
     with FileLock(str(path) + ".lock"):
+        if not retrain: restore_pretrained(path)          # a trained copy shipped with the package, if any
         if path.is_file() and not retrain:
             state, meta = load_checkpoint(path)
             model = DigitsClassifier(width=cfg.width)

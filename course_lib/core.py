@@ -14,9 +14,9 @@ import numpy as np
 if TYPE_CHECKING: import torch   # for the annotations only (they are strings: see __future__)
 
 # %% auto #0
-__all__ = ['seed_everything', 'seed_worker', 'get_device', 'cache_dir', 'artifact_dir', 'atomic_write', 'save_checkpoint',
-           'load_checkpoint', 'results_path', 'read_results', 'record', 'in_colab', 'network_available', 'OfflineError',
-           'grad_enabled']
+__all__ = ['seed_everything', 'seed_worker', 'get_device', 'cache_dir', 'artifact_dir', 'pretrained_dir', 'restore_pretrained',
+           'atomic_write', 'save_checkpoint', 'load_checkpoint', 'results_path', 'read_results', 'record', 'in_colab',
+           'network_available', 'OfflineError', 'grad_enabled']
 
 # %% ../nbs/00_core.ipynb #23c45c88
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -85,6 +85,31 @@ def artifact_dir(*parts: str) -> Path:
     p = (Path(root) if root else cache_dir("artifacts")).joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+# %% ../nbs/00_core.ipynb #6a76d778
+def pretrained_dir() -> Path:
+    "The folder of the models that ship with the package: `course_lib/pretrained/` (it may be absent)."
+    import course_lib
+    return Path(course_lib.__file__).parent / "pretrained"
+
+def restore_pretrained(path: str | os.PathLike) -> bool:
+    """If the package ships a trained copy of the cached artefact `path` (a file or a folder inside
+    `cache_dir()`, e.g. `cache_dir('models', 'ddpm', key)/'ema.safetensors'`), copy it there atomically and
+    return True; return False when none ships (then the caller trains). An existing `path` is left alone.
+    `COURSE_LIB_NO_PRETRAINED=1` turns shipped models off (every loader then trains)."""
+    import shutil
+    path = Path(path)
+    if path.exists() or os.environ.get("COURSE_LIB_NO_PRETRAINED", "") not in ("", "0"): return False
+    try: rel = path.resolve().relative_to(cache_dir().resolve())
+    except ValueError: return False                    # not inside the course cache
+    src = pretrained_dir() / rel
+    if not src.exists(): return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.restore")
+    if src.is_dir(): shutil.copytree(src, tmp)
+    else: shutil.copyfile(src, tmp)
+    os.replace(tmp, path)
+    return True
 
 # %% ../nbs/00_core.ipynb #5a1e7c3d
 _TMP_NAME = re.compile(r"(\d+)@([A-Za-z0-9-]*)\.[A-Za-z0-9_]+\.tmp")   # pid@host.random.tmp

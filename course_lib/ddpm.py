@@ -154,7 +154,7 @@ from torch import nn
 if TYPE_CHECKING:
     from diffusers import UNet2DModel
 
-from .core import grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint
+from .core import restore_pretrained, grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_float, to_uint8
 
 # %% ../nbs/11_ddpm_training.ipynb #bc3b58ce
@@ -476,6 +476,7 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
     folder = cache_dir("models", "ddpm", cfg.key())
     final = folder / "ema.safetensors"
     with FileLock(str(folder / "train.lock")):
+        if not retrain: restore_pretrained(final)         # a trained copy shipped with the package, if any
         if final.is_file() and not retrain:
             state, meta = load_checkpoint(final)
             torch.manual_seed(0)

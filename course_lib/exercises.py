@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import PurePath
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -459,7 +459,6 @@ def check_ancestral_step(fn: Callable) -> CheckResult:
     eps, xt, z = (_randn(2, 1, 4, 4, g=g) for _ in range(3))
     cases = [("t = 10", (eps, 10, xt, z, b)), ("the last step, t = 0", (eps, 0, xt, z, b)),
              ("the first step, t = T-1", (eps, 19, xt, z, b))]
-    ab = lambda b: torch.cumprod(1 - b, 0)
     mistakes = {
         "adding noise at t = 0 (Algorithm 2 sets z = 0 on the last step)":
             lambda e, t, x, z, b: _ref_ancestral_step(e, t, x, z, b)
@@ -639,7 +638,6 @@ def check_reverse_sde_step(fn: Callable) -> CheckResult:
     cases = [("t = 0.5, dt = 0.01", (x, s, 0.5, 0.01, z, 0.1, 20.0)),
              ("the first step, t = 1", (x, s, 1.0, 0.001, z, 0.1, 20.0)),
              ("the last step, t = dt", (x, s, 0.001, 0.001, z, 0.1, 20.0))]
-    beta = lambda t, lo, hi: lo + t * (hi - lo)
     mistakes = {
         "a wrong sign on the score term (the reverse drift is f - g^2 score)":
             lambda x, s, t, dt, z, lo, hi: _ref_reverse_sde_step(x, -s, t, dt, z, lo, hi),

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .core import grad_enabled, cache_dir, seed_everything
+from .core import restore_pretrained, grad_enabled, cache_dir, seed_everything
 from .pile import mini_pile, read_jsonl_zst
 
 # %% auto #0
@@ -109,6 +109,7 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
     from transformers import AutoTokenizer, GPT2LMHeadModel
     d = cache_dir("pile") / f"tiny-gpt2-{cfg.key()}"
     with FileLock(str(d) + ".lock"):
+        if not retrain: restore_pretrained(d)             # a trained copy shipped with the package, if any
         if retrain or not (d/"config.json").is_file():
             texts = [r["text"] for r in read_jsonl_zst(mini_pile(cfg.max_mb_per_subset)["train"])]
             model, tok, hist = train_tiny_gpt2(texts, cfg, progress=progress)

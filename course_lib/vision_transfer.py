@@ -16,7 +16,7 @@ import timm
 from filelock import FileLock
 from torch.utils.data import TensorDataset
 
-from .core import grad_enabled, seed_everything, get_device, cache_dir, save_checkpoint
+from .core import restore_pretrained, grad_enabled, seed_everything, get_device, cache_dir, save_checkpoint
 from .data import Digits
 from .vision_registry import (check_model_name, model_data_config, model_in_chans, normalize_images,
                                        model_fixed_size, record_input_size)
@@ -388,6 +388,7 @@ def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 1
     key = hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("vision") / f"{model_name}-source-{key}.safetensors"
     with FileLock(str(path) + ".lock"):
+        restore_pretrained(path)                          # a trained copy shipped with the package, if any
         if path.is_file(): return path
         K = SYMMETRIES[label_augment]
         res = finetune(model_name, label_augmented(source_task("train"), label_augment), None, "scratch",
