@@ -26,7 +26,11 @@ requirements = shlex.split(cfg.get('requirements', ''))
 if cfg.get('pip_requirements'): requirements += shlex.split(cfg.get('pip_requirements', ''))
 min_python = cfg['min_python']
 lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
-dev_requirements = (cfg.get('dev_requirements') or '').split()
+# extras: [course] runs and freezes notebooks, [site] builds the website, [dev] = both + the test tools
+course_requirements = shlex.split(cfg.get('course_requirements', ''))
+site_requirements = shlex.split(cfg.get('site_requirements', ''))
+dev_requirements = list(dict.fromkeys(course_requirements + site_requirements
+                                      + shlex.split(cfg.get('dev_requirements', ''))))
 
 setuptools.setup(
     name = cfg['lib_name'],
@@ -40,7 +44,7 @@ setuptools.setup(
     packages = setuptools.find_packages(),
     include_package_data = True,
     install_requires = requirements,
-    extras_require={ 'dev': dev_requirements },
+    extras_require={'course': course_requirements, 'site': site_requirements, 'dev': dev_requirements},
     dependency_links = cfg.get('dep_links','').split(),
     python_requires  = '>=' + cfg['min_python'],
     long_description = open('README.md', encoding='utf-8').read(),

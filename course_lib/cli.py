@@ -16,9 +16,9 @@ from .core import atomic_write, read_results
 
 # %% auto #0
 __all__ = ['PROFILES', 'KERNEL_NAME', 'SKIP_FLAGS', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'USER_ERRORS',
-           'project_root', 'Unit', 'load_unit', 'load_units', 'find_unit', 'current_kernelspec_dir',
-           'notebook_parameters', 'cell_flags', 'unavailable_flags', 'drop_flagged_cells', 'NotebookFailed',
-           'run_notebook', 'results_table', 'run_units', 'doctor_report', 'run_plugin', 'is_checked',
+           'project_root', 'Unit', 'load_unit', 'load_units', 'find_unit', 'MissingExtra', 'import_extra',
+           'current_kernelspec_dir', 'notebook_parameters', 'cell_flags', 'unavailable_flags', 'drop_flagged_cells',
+           'NotebookFailed', 'run_notebook', 'results_table', 'run_units', 'doctor_report', 'run_plugin', 'is_checked',
            'keep_checked_outputs', 'freeze_notebook', 'write_readme', 'UnstableOutput', 'unstable_outputs',
            'build_parser', 'main']
 
@@ -90,6 +90,18 @@ def find_unit(key: str, units: list[Unit]) -> Unit:
         if key in (u.slug, u.name) or (key.isdigit() and int(key) == u.number): return u
     raise KeyError(f"unknown unit {key!r}; valid units: " + ", ".join(f"{u.slug} ({u.number})" for u in units) + ", all")
 
+# %% ../nbs/90_cli.ipynb #a78f5946
+class MissingExtra(ModuleNotFoundError):
+    "A package of an optional install (`course_lib[EXTRA]`) is missing; the message says which."
+
+def import_extra(module: str, extra: str = "course"):
+    """Import `module`, which `pip install "course_lib[extra]"` brings (the runtime install leaves
+    out what only `course run`, `course freeze` and the site need); raises `MissingExtra` naming it."""
+    try: return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise MissingExtra(f"{module} is not installed (the runtime install leaves it out); "
+                           f'pip install "course_lib[{extra}]"', name=module) from e
+
 # %% ../nbs/90_cli.ipynb #7f7d45a1
 KERNEL_NAME = "course-lib-python"
 
@@ -105,7 +117,8 @@ def current_kernelspec_dir() -> Path:
 
 def notebook_parameters(nb_path: str | os.PathLike) -> set[str]:
     "Names assigned in the notebook's `parameters`-tagged cell (empty if it has none)."
-    import ast, nbformat
+    import ast
+    nbformat = import_extra("nbformat")
     nb = nbformat.read(str(nb_path), as_version=4)
     names: set[str] = set()
     for c in nb.cells:
@@ -155,9 +168,8 @@ def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params
     its `parameters` cell declares (others are ignored). Cells flagged `#| gpu`, `#| net` or `#| slow` are
     dropped when that resource is unavailable (or those in `skip`, if given). Returns `{'seconds': float, 'params': dict}`.
     Raises `NotebookFailed` (with the cell index) when a cell raises; the executed notebook is still written."""
-    import papermill as pm
-    from nbclient.exceptions import CellTimeoutError
-    import nbformat
+    pm, nbformat = import_extra("papermill"), import_extra("nbformat")
+    CellTimeoutError = import_extra("nbclient.exceptions").CellTimeoutError
     nb_path, out_path = Path(nb_path), Path(out_path)
     declared = notebook_parameters(nb_path)
     params = {k: v for k, v in (params or {}).items() if k in declared}
@@ -317,7 +329,7 @@ def keep_checked_outputs(nb) -> Any:
 def freeze_notebook(nb_path: str | os.PathLike, profile: str = "quick", unit: Unit | None = None) -> Path:
     """Execute `nb_path` with `profile`, write it back with only checked outputs, run `nbdev_clean`.
     Raises `UnstableOutput` (the notebook is left as it was) when a checked output changes between runs."""
-    import nbformat
+    nbformat = import_extra("nbformat")
     nb_path = Path(nb_path).resolve()
     if unit is None:
         unit = next((u for u in load_units() if nb_path in [n.resolve() for n in u.notebooks]), None)
@@ -335,13 +347,13 @@ def freeze_notebook(nb_path: str | os.PathLike, profile: str = "quick", unit: Un
     bad = unstable_outputs(orig)
     if bad: raise UnstableOutput(nb_path, *bad[0])
     with atomic_write(nb_path, "w") as f: nbformat.write(orig, f)
-    from nbdev.clean import nbdev_clean
+    nbdev_clean = import_extra("nbdev.clean").nbdev_clean
     nbdev_clean(fname=str(nb_path))
     return nb_path
 
 def write_readme(root: str | os.PathLike | None = None) -> Path:
     "Render `nbs/index.ipynb` to `README.md` (markdown cells as they are, code cells as fenced blocks)."
-    import nbformat
+    nbformat = import_extra("nbformat", "site")
     root = Path(root) if root else project_root()
     nb = nbformat.read(root/"nbs"/"index.ipynb", as_version=4)
     parts = []
@@ -461,7 +473,7 @@ def _dispatch(argv: list[str]) -> int:
     return 2
 
 # %% ../nbs/90_cli.ipynb #9a4d6f28
-USER_ERRORS = (ValueError, OSError)
+USER_ERRORS = (ValueError, OSError, MissingExtra)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `course` command; returns the exit code (0 ok, 1 a run failed, 2 bad usage).

@@ -11,8 +11,8 @@ from .cli import Unit, load_units, find_unit, project_root, notebook_parameters
 from .core import atomic_write
 
 # %% auto #0
-__all__ = ['NAME_RE', 'TEMPLATE', 'QUICK_DEFAULTS', 'ScaffoldError', 'check_new', 'register_notebook', 'title_from', 'scaffold',
-           'export_notebook', 'new_main']
+__all__ = ['NAME_RE', 'TEMPLATE', 'QUICK_DEFAULTS', 'ScaffoldError', 'check_new', 'register_notebook', 'title_from', 'colab_link',
+           'scaffold', 'export_notebook', 'new_main']
 
 # %% ../nbs/92_contrib.ipynb #e291893a
 NAME_RE = re.compile(r"^(\d)(\d)_([a-z][a-z0-9_]*)$")
@@ -98,9 +98,17 @@ def title_from(stem: str) -> str:
     "A title from a notebook stem: `14_guidance_scale` -> 'Guidance scale'."
     return stem.split("_", 1)[1].replace("_", " ").capitalize()
 
+def colab_link(root: Path, name: str) -> str:
+    "The 'Open in Colab' address of `nbs/<name>` from `root/settings.ini` (the course's own without it)."
+    from course_lib.site import colab_url, site_settings
+    try: cfg = site_settings(root)
+    except FileNotFoundError: cfg = {"user": "course-lib", "repo": "course_lib", "branch": "main"}
+    return colab_url(name, cfg)
+
 def scaffold(root: Path, unit: Unit, stem: str, module: str, title: str | None = None) -> Path:
-    """Write `nbs/<stem>.ipynb` from `templates/notebook.ipynb` (fresh cell ids, `__TITLE__` and `__MODULE__` filled in)
-    and register it in `unit`'s `unit.toml` (see `register_notebook`), both atomically. Returns the notebook path.
+    """Write `nbs/<stem>.ipynb` from `templates/notebook.ipynb` (fresh cell ids; `__TITLE__`,
+    `__MODULE__` and the Colab badge's `__COLAB__` filled in) and register it in `unit`'s `unit.toml`
+    (see `register_notebook`), both atomically. Returns the notebook path.
     Raises `ScaffoldError` when the template is missing or the unit file cannot be edited."""
     tpl = root/TEMPLATE
     if not tpl.is_file(): raise ScaffoldError(f"{tpl} not found: the template ships with the repository")
@@ -108,6 +116,7 @@ def scaffold(root: Path, unit: Unit, stem: str, module: str, title: str | None =
     for c in nb["cells"]:
         src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
         src = src.replace("__TITLE__", title or title_from(stem)).replace("__MODULE__", module)
+        src = src.replace("__COLAB__", colab_link(root, f"{stem}.ipynb"))
         c["source"] = src.splitlines(keepends=True)   # as nbdev_clean writes it
         c["id"] = uuid.uuid4().hex[:8]
     dest = root/"nbs"/f"{stem}.ipynb"

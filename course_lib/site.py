@@ -177,6 +177,9 @@ def _directives(src: str) -> dict[str, str]:
         if m: out[m.group(1)] = m.group(2).strip()
     return out
 
+# a notebook's own "Open in Colab" badge line (an image on the web, which the offline site replaces)
+_OWN_BADGE = re.compile(r"\n*^\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)[ \t]*$", re.M)
+
 def lesson_notebook(nb: dict, name: str, cfg: dict[str, str], note: str = "") -> dict:
     """The website's version of notebook `nb` (a dict, executed or not) named `name`: Colab badge and `note`
     under the title, nbdev directives applied, widgets and progress bars removed. Returns a new dict."""
@@ -205,6 +208,7 @@ def lesson_notebook(nb: dict, name: str, cfg: dict[str, str], note: str = "") ->
                 outs.append(o)
             c["outputs"] = outs
             if not src.strip() and not outs: continue
+        else: src = _OWN_BADGE.sub("", src)     # the page gets the site's own badge, below
         c["source"] = src
         cells.append(c)
     badge = f"[![Open in Colab](../../_static/colab-badge.svg)]({colab_url(name, cfg)})"
