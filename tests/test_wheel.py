@@ -51,6 +51,17 @@ def site(tmp_path_factory) -> Path:
     return site
 
 
+def test_wheel_ships_the_course_models(site):
+    "Every model listed in the package's provenance.json is in the installed wheel, byte for byte."
+    import hashlib, json
+    prov = json.loads((site / "course_lib" / "pretrained" / "provenance.json").read_text())
+    for rel, entry in prov["models"].items():
+        for name, f in entry["files"].items():
+            p = site / "course_lib" / "pretrained" / rel
+            p = p.parent / name
+            assert hashlib.sha256(p.read_bytes()).hexdigest() == f["sha256"], p
+
+
 def run_alone(name: str, site: Path, work: Path, monkeypatch) -> list[str]:
     """Run notebook `name` (quick profile) copied alone into `work`, in a kernel that imports
     course_lib from `site` and knows nothing of the repository; returns the text each code cell

@@ -1,0 +1,98 @@
+"""The models that ship with the package: every file matches its provenance, every loader takes the shipped copy
+on an empty cache instead of training, and the judge retrained from its provenance reaches its recorded figure."""
+import json, os
+from pathlib import Path
+
+import pytest
+import torch
+
+import course_lib.classifier, course_lib.ddpm, course_lib.lm, course_lib.vision_transfer
+from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
+
+ROOT = Path(__file__).resolve().parent.parent
+PROV = json.loads((pretrained_dir() / "provenance.json").read_text()) if (pretrained_dir() / "provenance.json").is_file() \
+    else {"models": {}, "total_bytes": 0}
+KINDS = {m["kind"] for m in PROV["models"].values()}
+
+
+def sha256(p: Path) -> str:
+    import hashlib
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_every_lesson_model_ships():
+    assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2"}, KINDS
+    # the package stays small enough for a wheel: measured 26.3 MB for the seven models
+    assert 0 < PROV["total_bytes"] < 40e6
+
+
+@pytest.mark.parametrize("rel", sorted(PROV["models"]))
+def test_shipped_files_match_their_provenance(rel):
+    entry = PROV["models"][rel]
+    target = pretrained_dir() / rel
+    for name, f in entry["files"].items():
+        p = target.parent / name
+        assert p.is_file(), f"{p} listed in provenance.json is missing"
+        assert p.stat().st_size == f["bytes"] and sha256(p) == f["sha256"], f"{p} differs from its provenance"
+    for key in ("config", "command", "code_version", "figures", "call"): assert entry[key], (rel, key)
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    "An empty course cache, and every trainer replaced by one that fails: loading must not train."
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("COURSE_LIB_NO_PRETRAINED", raising=False)
+    def no_training(*a, **kw): raise AssertionError("trained instead of loading the shipped model")
+    for mod, name in [(course_lib.ddpm, "train_ddpm"), (course_lib.classifier, "train_digits_classifier"),
+                      (course_lib.vision_transfer, "finetune"), (course_lib.lm, "train_tiny_gpt2")]:
+        monkeypatch.setattr(mod, name, no_training)
+    return tmp_path / "home"
+
+
+def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
+    from course_lib.classifier import ClassifierConfig, load_digits_classifier
+    from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
+    from course_lib.lm import TinyGPTConfig, tiny_gpt2
+    from course_lib.lora_train import base_config, load_base
+    from course_lib.vision_transfer import pretrained_source_model
+    figures = {m["kind"] + m["call"]: m["figures"] for m in PROV["models"].values()}
+    clf = load_digits_classifier(config=ClassifierConfig())
+    assert clf.valid_acc == pytest.approx(figures["classifier" + "load_digits_classifier(config=ClassifierConfig())"]
+                                          ["valid_acc"])
+    for model in (load_pretrained_ddpm(DDPMConfig(), progress=False), load_base(base_config(), progress=False)):
+        assert model.history["loss"] and torch.isfinite(next(model.parameters())).all()
+    for name, aug in (("course_resnet_32", "d4"), ("course_vit_32", "d4"), ("course_resnet_32", "none")):
+        assert pretrained_source_model(name, steps=1000, label_augment=aug).is_file()
+    gpt2 = [m for m in PROV["models"].values() if m["kind"] == "gpt2"][0]
+    model, tok, d = tiny_gpt2(TinyGPTConfig(**gpt2["config"]))
+    assert model.config.n_positions == gpt2["config"]["n_positions"] and len(tok) > 256
+
+
+def test_no_shipped_model_when_turned_off(empty_cache, monkeypatch):
+    from course_lib.classifier import ClassifierConfig, load_digits_classifier
+    monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
+    with pytest.raises(AssertionError, match="trained instead of loading"):
+        load_digits_classifier(config=ClassifierConfig())
+
+
+def test_restore_pretrained_only_fills_a_missing_cache_entry(empty_cache, tmp_path):
+    rel = next(r for r, m in PROV["models"].items() if m["kind"] == "classifier")
+    target = cache_dir() / rel
+    assert restore_pretrained(target) and sha256(target) == sha256(pretrained_dir() / rel)
+    target.write_bytes(b"the learner's own model")
+    assert not restore_pretrained(target) and target.read_bytes() == b"the learner's own model"
+    assert not restore_pretrained(tmp_path / "outside-the-cache.safetensors")
+    assert not restore_pretrained(cache_dir() / "models" / "ddpm" / "no-such-key" / "ema.safetensors")
+
+
+def test_the_judge_retrained_from_its_provenance_reaches_its_figure(tmp_path, monkeypatch):
+    "The cheapest model (seconds) is retrained from its recorded config; the others are retrained the same way by "
+    "`python tools/ship_pretrained.py` (minutes each)."
+    from course_lib.classifier import ClassifierConfig, load_digits_classifier
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
+    entry = next(m for m in PROV["models"].values() if m["kind"] == "classifier")
+    clf = load_digits_classifier(config=ClassifierConfig(**entry["config"]))
+    # the same seed on a CPU gives the same accuracy to the image on this machine; 0.01 (2 of 359 images) leaves
+    # room for another CPU's kernels
+    assert abs(clf.valid_acc - entry["figures"]["valid_acc"]) <= 0.01

@@ -1,0 +1,103 @@
+"""Train the models the lessons load (their full-profile configurations) and ship them in the package.
+
+    COURSE_LIB_HOME=/tmp/ship python tools/ship_pretrained.py            # train what is missing there, then copy
+    COURSE_LIB_HOME=/tmp/ship python tools/ship_pretrained.py --only classifier ddpm
+
+Each model is trained by the library's own loader (so its cache key is the one the lessons ask for) in the
+course cache named by COURSE_LIB_HOME, then copied to `course_lib/pretrained/<its path in the cache>`, where
+`course_lib.core.restore_pretrained` finds it. `course_lib/pretrained/provenance.json` records, for each file:
+its config, this command, the code version (git commit), the training time, the figures it reached, its size
+and SHA-256. `tests/test_pretrained.py` checks the files against it and retrains the judge from it."""
+import argparse, hashlib, json, os, platform, shutil, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("classifier", "ddpm", "base", "vision", "gpt2")
+GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=128, n_embd=128, n_layer=4, steps=400,
+            batch_size=16, seed=0)                       # nbs/62_tiny_gpt2.ipynb's full profile
+
+
+def train(kind: str) -> list[dict]:
+    "Load (training on a cache miss) one kind of model; returns its artefacts: path, config, figures."
+    from course_lib.core import cache_dir, load_checkpoint
+    if kind == "classifier":
+        from course_lib.classifier import ClassifierConfig, load_digits_classifier
+        cfg = ClassifierConfig()
+        m = load_digits_classifier(config=cfg)
+        path = cache_dir("models", "digits_classifier") / f"{cfg.key()}.safetensors"
+        return [dict(path=path, config=cfg.__dict__, figures={"valid_acc": m.valid_acc},
+                     call="load_digits_classifier(config=ClassifierConfig())")]
+    if kind in ("ddpm", "base"):
+        from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
+        from course_lib.lora_train import base_config
+        cfg = DDPMConfig() if kind == "ddpm" else base_config()
+        m = load_pretrained_ddpm(cfg, progress=False)
+        path = cache_dir("models", "ddpm", cfg.key()) / "ema.safetensors"
+        call = "load_pretrained_ddpm(DDPMConfig())" if kind == "ddpm" else "load_base(base_config())"
+        return [dict(path=path, config=cfg.to_dict(), call=call,
+                     figures={"final_loss": m.history["loss"][-1], "train_seconds": m.history["seconds"]})]
+    if kind == "vision":
+        from course_lib.vision_transfer import pretrained_source_model
+        out = []
+        for name, aug in (("course_resnet_32", "d4"), ("course_vit_32", "d4"), ("course_resnet_32", "none")):
+            path = pretrained_source_model(name, steps=1000, label_augment=aug)
+            _, meta = load_checkpoint(path)
+            out.append(dict(path=path, config=json.loads(meta.get("config", "{}")),
+                            call=f"pretrained_source_model({name!r}, steps=1000, label_augment={aug!r})",
+                            figures={"val_acc": float(meta["val_acc"])}))
+        return out
+    if kind == "gpt2":
+        from course_lib.lm import TinyGPTConfig, tiny_gpt2
+        cfg = TinyGPTConfig(**GPT2)
+        _, _, d = tiny_gpt2(cfg)
+        loss = json.loads((d / "course_lib.json").read_text())["loss"]
+        return [dict(path=d, config=GPT2, call=f"tiny_gpt2(TinyGPTConfig(**{GPT2}))",
+                     figures={"final_loss_nats": sum(loss[-20:]) / len(loss[-20:])})]
+    raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
+
+
+def files_of(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
+def sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def main(argv=None) -> int:
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--only", nargs="+", choices=MODELS, default=list(MODELS))
+    args = a.parse_args(argv)
+    if not os.environ.get("COURSE_LIB_HOME"):
+        sys.exit("set COURSE_LIB_HOME to a scratch cache: the models are trained (or found) there")
+    from course_lib.core import cache_dir
+    dest = ROOT / "course_lib" / "pretrained"
+    prov_path = dest / "provenance.json"
+    prov = json.loads(prov_path.read_text()) if prov_path.is_file() else {"models": {}}
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    for kind in args.only:
+        t0 = time.time()
+        for art in train(kind):
+            rel = Path(art["path"]).resolve().relative_to(cache_dir().resolve())
+            target = dest / rel
+            if target.exists(): shutil.rmtree(target) if target.is_dir() else target.unlink()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if Path(art["path"]).is_dir() else shutil.copyfile)(art["path"], target)
+            prov["models"][rel.as_posix()] = {
+                "kind": kind, "call": art["call"], "config": art["config"], "figures": art["figures"],
+                "command": f"COURSE_LIB_HOME=<scratch> python tools/ship_pretrained.py --only {kind}",
+                "code_version": commit, "python": platform.python_version(), "machine": platform.machine(),
+                "files": {p.relative_to(target.parent).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256(p)}
+                          for p in files_of(target)}}
+            print(f"{kind}: {rel} ({sum(p.stat().st_size for p in files_of(target)) / 1e6:.2f} MB) "
+                  f"{art['figures']}")
+        print(f"{kind}: {time.time() - t0:.0f} s")
+    prov["total_bytes"] = sum(f["bytes"] for m in prov["models"].values() for f in m["files"].values())
+    prov_path.write_text(json.dumps(prov, indent=1, sort_keys=True, default=str) + "\n")
+    print(f"{len(prov['models'])} models, {prov['total_bytes'] / 1e6:.1f} MB in {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
