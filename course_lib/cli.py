@@ -4,7 +4,7 @@
 
 # %% ../nbs/90_cli.ipynb #ec80b5cb
 from __future__ import annotations
-import argparse, importlib, json, os, platform, shutil, sys, tempfile, time
+import argparse, functools, importlib, json, os, platform, shutil, sys, tempfile, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,9 @@ from .core import atomic_write, read_results
 __all__ = ['PROFILES', 'KERNEL_NAME', 'SKIP_FLAGS', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'USER_ERRORS',
            'project_root', 'Unit', 'load_unit', 'load_units', 'find_unit', 'MissingExtra', 'import_extra',
            'current_kernelspec_dir', 'notebook_parameters', 'cell_flags', 'unavailable_flags', 'drop_flagged_cells',
-           'NotebookFailed', 'run_notebook', 'results_table', 'run_units', 'doctor_report', 'run_plugin', 'is_checked',
-           'keep_checked_outputs', 'freeze_notebook', 'write_readme', 'UnstableOutput', 'unstable_outputs',
-           'build_parser', 'main']
+           'NotebookFailed', 'run_notebook', 'check_profiles', 'results_table', 'run_units', 'doctor_report',
+           'run_plugin', 'is_checked', 'keep_checked_outputs', 'freeze_notebook', 'write_readme', 'UnstableOutput',
+           'unstable_outputs', 'is_notebook_name', 'find_notebook', 'build_parser', 'main']
 
 # %% ../nbs/90_cli.ipynb #d0f513a9
 PROFILES = ("quick", "full")
@@ -54,9 +54,11 @@ class Unit:
 
     def params(self, notebook: str | os.PathLike, profile: str) -> dict[str, Any]:
         """The parameters of `profile` for one notebook: the profile's scalars, then the notebook's own table.
-        Raises `ValueError` for an unknown profile."""
+        Raises `ValueError` for an unknown profile, and for a parameter of the unit's profiles that
+        no notebook would receive (`check_profiles`: a typo is an error, not a value dropped)."""
         if profile not in self.profiles:
             raise ValueError(f"unit {self.slug!r} has no profile {profile!r}; profiles: {sorted(self.profiles)}")
+        check_profiles(self)
         prof = self.profiles[profile]
         out = {k: v for k, v in prof.items() if not isinstance(v, dict)}
         out.update(prof.get(Path(notebook).stem, {}))
@@ -71,10 +73,16 @@ def load_unit(path: str | os.PathLike, nbs: str | os.PathLike | None = None) -> 
     num, _, slug = path.name.partition("_")
     nbs = Path(nbs) if nbs else path.parent.parent/"nbs"
     u = cfg.get("unit", {})
+    extra = sorted(set(u) - {"slug", "title", "notebooks"})
+    if extra: raise ValueError(f"{f}: unknown key(s) {extra} in [unit] (slug, title, notebooks)")
     notebooks = [nbs/n for n in u.get("notebooks", [])]
     missing = [str(n) for n in notebooks if not n.is_file()]
     if missing: raise ValueError(f"{f} lists notebooks that do not exist: {missing}")
     profiles = cfg.get("profiles", {})
+    odd = sorted(set(profiles) - set(PROFILES))
+    if odd:
+        raise ValueError(f"{f}: [profiles.{odd[0]}] is not a profile ({', '.join(PROFILES)}): "
+                         "`course run --profile` never reads it")
     for p in PROFILES: profiles.setdefault(p, {})
     return Unit(path, int(num) if num.isdigit() else -1, u.get("slug", slug), u.get("title", slug), notebooks, profiles)
 
@@ -115,17 +123,35 @@ def current_kernelspec_dir() -> Path:
         "display_name": f"course_lib ({sys.executable})", "language": "python"}))
     return d
 
+def _assigned_names(target) -> set[str]:
+    "The names a target binds: `a`, `a, b`, `[a, (b, *c)]`; none for `x.attr` or `x[i]`."
+    import ast
+    if isinstance(target, ast.Name): return {target.id}
+    if isinstance(target, ast.Starred): return _assigned_names(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*map(_assigned_names, target.elts))
+    return set()
+
 def notebook_parameters(nb_path: str | os.PathLike) -> set[str]:
-    "Names assigned in the notebook's `parameters`-tagged cell (empty if it has none)."
+    """Names assigned in the notebook's `parameters`-tagged cell (empty if it has none): plain,
+    annotated, chained (`a = b = 1`) and tuple (`lr, steps = 0.1, 10`) assignments; the cell
+    may hold magics."""
     import ast
     nbformat = import_extra("nbformat")
     nb = nbformat.read(str(nb_path), as_version=4)
     names: set[str] = set()
     for c in nb.cells:
-        if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", []):
-            for node in ast.parse(c.source).body:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-                names.update(t.id for t in targets if isinstance(t, ast.Name))
+        if c.cell_type != "code" or "parameters" not in c.get("metadata", {}).get("tags", []):
+            continue
+        try: tree = ast.parse(c.source)
+        except SyntaxError:              # magics (`%matplotlib inline`), as IPython reads them
+            tm = import_extra("IPython.core.inputtransformer2").TransformerManager()
+            tree = ast.parse(tm.transform_cell(c.source))
+        for node in tree.body:
+            if isinstance(node, ast.Assign): targets = node.targets
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)): targets = [node.target]
+            else: targets = []
+            for t in targets: names |= _assigned_names(t)
     return names
 
 SKIP_FLAGS = ("gpu", "net", "slow")
@@ -165,7 +191,8 @@ def run_notebook(nb_path: str | os.PathLike, out_path: str | os.PathLike, params
                  timeout: int | None = None, progress: bool = False,
                  skip: set[str] | None = None) -> dict[str, Any]:
     """Execute `nb_path` with papermill into `out_path` in this interpreter's kernel, injecting the `params`
-    its `parameters` cell declares (others are ignored). Cells flagged `#| gpu`, `#| net` or `#| slow` are
+    its `parameters` cell declares (others are ignored: unit-wide ones for other notebooks).
+    Cells flagged `#| gpu`, `#| net` or `#| slow` are
     dropped when that resource is unavailable (or those in `skip`, if given). Returns `{'seconds': float, 'params': dict}`.
     Raises `NotebookFailed` (with the cell index) when a cell raises; the executed notebook is still written."""
     pm, nbformat = import_extra("papermill"), import_extra("nbformat")
@@ -216,6 +243,39 @@ def _last_started_cell(executed: Path, orig_cells) -> int:
     if not started: return -1
     return next((i for i, c in enumerate(orig_cells) if c.source == started[-1].source), -1)
 
+# %% ../nbs/90_cli.ipynb #1302bcd0
+@functools.lru_cache(maxsize=256)
+def _declared(nb_path: str, mtime_ns: int) -> frozenset[str]:
+    return frozenset(notebook_parameters(nb_path))
+
+def _close(name: str, names) -> str:
+    import difflib
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+def check_profiles(unit: Unit) -> None:
+    """Raise `ValueError` naming `unit.toml` and each profile parameter no notebook would receive: a
+    key of a notebook's own table (`[profiles.quick."13_sampling"]`) that its parameters cell does
+    not assign, a unit-wide key (`[profiles.quick]`) that no notebook of the unit assigns, a table
+    named after no notebook of the unit. Close names are suggested. Notebooks are parsed once."""
+    decl = {nb.stem: _declared(str(nb), nb.stat().st_mtime_ns) for nb in unit.notebooks}
+    every = frozenset().union(*decl.values())
+    bad = []
+    for prof, table in unit.profiles.items():
+        for key, value in table.items():
+            where = f'[profiles.{prof}."{key}"]'
+            if isinstance(value, dict) and key not in decl:
+                bad.append(f"{where} names no notebook of the unit{_close(key, decl)}")
+            elif isinstance(value, dict):
+                bad += [f"{k!r} in {where}: {key}.ipynb's parameters cell does not assign it"
+                        f"{_close(k, decl[key])}" for k in value if k not in decl[key]]
+            elif key not in every:
+                bad.append(f"{key!r} in [profiles.{prof}]: no notebook of the unit assigns it in "
+                           f"its parameters cell{_close(key, every)}")
+    if bad:
+        raise ValueError(f"{unit.path/'unit.toml'}: " + "; ".join(bad) + ". Fix the name, or "
+                         "assign it in the notebook's parameters cell (tagged 'parameters')")
+
 # %% ../nbs/90_cli.ipynb #c7be9815
 def _fmt(v) -> str:
     if isinstance(v, float): return f"{v:.4g}"
@@ -231,12 +291,16 @@ def results_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join([line(("notebook", "figure", "value")), line(tuple("-" * x for x in w)), *map(line, rows)])
 
 # %% ../nbs/90_cli.ipynb #eab83732
-def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = None, echo=print) -> int:
-    "Run `units` in order with `profile`, writing into `out`; returns the exit code (0 ok, 1 a notebook failed)."
+def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = None, echo=print,
+              notebooks: list[Path] | None = None) -> int:
+    """Run `units` in order with `profile`, writing into `out`; returns the exit code (0 ok, 1 a
+    notebook failed). `notebooks`: run only these, with the profile of the one unit that lists them.
+    Every unit's profiles are checked first (`check_profiles`): a typo stops the run at once."""
+    for u in units: check_profiles(u)
     out.mkdir(parents=True, exist_ok=True)
     results, timings = out/"results.json", out/"timings.json"
     times: dict[str, Any] = json.loads(timings.read_text()) if timings.is_file() else {}
-    todo = [(u, nb) for u in units for nb in u.notebooks]
+    todo = [(u, nb) for u in units for nb in (u.notebooks if notebooks is None else notebooks)]
     for i, (u, nb) in enumerate(todo, 1):
         echo(f"[{i}/{len(todo)}] {u.name}/{nb.name} ({profile}) ...", flush=True)
         try:
@@ -407,6 +471,27 @@ def unstable_outputs(nb) -> list[tuple[int, str, str]]:
                 found.append((i, kind, line.strip()[:120]))
     return found
 
+# %% ../nbs/90_cli.ipynb #caf08a7b
+def is_notebook_name(key: str, units: list[Unit]) -> bool:
+    "True when `key` names a notebook: a `.ipynb` path or name, or a stem that a unit lists."
+    return key.endswith(".ipynb") or key in {nb.stem for u in units for nb in u.notebooks}
+
+def find_notebook(key: str, units: list[Unit]) -> tuple[Unit, Path]:
+    """The unit that lists the notebook `key`, and the notebook to run. `key`: a path (the unit's
+    notebook, or a copy of it with the same name), a file name (`13_sampling.ipynb`) or a stem
+    (`13_sampling`). `KeyError` saying so for a notebook that no unit lists."""
+    p = Path(key)
+    name = p.name if p.suffix == ".ipynb" else f"{p.name}.ipynb"
+    target = p.resolve() if p.is_file() else None
+    for u in units:
+        for nb in u.notebooks:
+            if target is not None and nb.resolve() == target: return u, nb
+    for u in units:
+        for nb in u.notebooks:
+            if nb.name == name: return u, (p if target is not None else nb)
+    raise KeyError(f"no unit lists the notebook {name!r}: add it to the notebooks of a "
+                   "units/*/unit.toml to run it with that unit's profile (see `course list`)")
+
 # %% ../nbs/90_cli.ipynb #d4902e9c
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course", description="Run and inspect the course_lib units.",
@@ -416,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     sub.add_parser("list", help="units, their notebooks and profiles")
     r = sub.add_parser("run", help="execute a unit's notebooks in order (papermill)")
-    r.add_argument("unit", help="unit slug, number or folder name, or 'all'")
+    r.add_argument("unit", help="unit slug, number or folder name, 'all', or a notebook that a "
+                   "unit lists (nbs/13_sampling.ipynb, 13_sampling)")
     r.add_argument("--profile", choices=PROFILES, default="quick", help="quick (CI: fast) or full (the lesson as meant)")
     r.add_argument("--out", type=Path, default=None, help="output folder (default runs/UNIT-PROFILE)")
     r.add_argument("--timeout", type=int, default=None, help="per-cell timeout in seconds")
@@ -451,12 +537,17 @@ def _dispatch(argv: list[str]) -> int:
             for nb in u.notebooks: print(f"      {nb.name}")
         return 0
     if a.cmd == "run":
-        if a.unit == "all": chosen = units
-        else:
-            try: chosen = [find_unit(a.unit, units)]
-            except KeyError as e: print(f"course run: {e.args[0]}", file=sys.stderr); return 2
-        out = a.out or root/"runs"/f"{a.unit}-{a.profile}"
-        return run_units(chosen, a.profile, out, a.timeout)
+        only = None
+        try:
+            if a.unit == "all": chosen = units
+            elif is_notebook_name(a.unit, units):
+                u, nb = find_notebook(a.unit, units)
+                chosen, only = [u], [nb]
+            else: chosen = [find_unit(a.unit, units)]
+        except KeyError as e: print(f"course run: {e.args[0]}", file=sys.stderr); return 2
+        name = only[0].stem if only else a.unit
+        out = a.out or root/"runs"/f"{name}-{a.profile}"
+        return run_units(chosen, a.profile, out, a.timeout, notebooks=only)
     if a.cmd == "freeze":
         bad = [str(nb) for nb in a.notebooks if nb.suffix != ".ipynb" or not nb.is_file()]
         if bad:

@@ -262,9 +262,10 @@ def finetune_main(argv: list[str] | None = None) -> int:
     folder with one sub-folder per class; writes `OUT/model.safetensors` and `OUT/metrics.json`.
     Returns 0 on success, 2 on bad arguments or input (with a message on stderr)."""
     from torch.utils.data import TensorDataset
-    from course_lib.data import split_indices
+    from course_lib.data import split_indices, split_folders
     p = argparse.ArgumentParser(prog="course finetune", description="Fine-tune a timm model on a folder of class sub-folders.")
-    p.add_argument("folder", type=Path, help="folder with one sub-folder of images per class")
+    p.add_argument("folder", type=Path, help="folder with one sub-folder of images per class, or "
+                   "split into train/ and val/ (or test/) folders, each with the class sub-folders")
     p.add_argument("--model", required=True, help="timm model name, e.g. course_resnet_32, resnet18, vit_tiny_patch16_224")
     p.add_argument("--pretrained", type=Path, default=None, help="local safetensors checkpoint to start from (never downloads)")
     p.add_argument("--strategy", choices=STRATEGIES, default=None, help="default: full with --pretrained, else scratch")
@@ -274,7 +275,8 @@ def finetune_main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer-decay", type=float, default=0.65)
     p.add_argument("--img-size", type=int, default=None, help="default: the model's data config (32 for course models)")
     p.add_argument("--in-chans", type=int, choices=(1, 3), default=None, help="default: the checkpoint's, else the model's")
-    p.add_argument("--valid-frac", type=float, default=0.2)
+    p.add_argument("--valid-frac", type=float, default=None,
+                   help="share of each class held out to validate (default 0.2; not with val/)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default FOLDER-finetuned)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
@@ -290,19 +292,28 @@ def finetune_main(argv: list[str] | None = None) -> int:
     if not a.lr > 0: return fail(f"--lr must be > 0, got {a.lr:g}")
     try:
         check_model_name(a.model)
-        in_chans = a.in_chans
-        if in_chans is None and a.pretrained is not None:
-            _, meta = checkpoint_info(a.pretrained)
-            in_chans = int(meta["in_chans"]) if "in_chans" in meta else None
+        meta = checkpoint_info(a.pretrained)[1] if a.pretrained is not None else {}
+        in_chans = a.in_chans or (int(meta["in_chans"]) if "in_chans" in meta else None)
+        saved = json.loads(meta["input_size"]) if "input_size" in meta else None
         cfg = timm.models.get_pretrained_cfg(a.model.split(".")[0])
         default_size = tuple(getattr(cfg, "input_size", None) or (3, 224, 224))
         in_chans = in_chans or default_size[0]
-        img_size = a.img_size or default_size[-1]
-        x, y, classes, skipped = _folder_dataset(a.folder, img_size, in_chans)
-        if not 0 < a.valid_frac < 1: return fail(f"--valid-frac must be in (0, 1), got {a.valid_frac}")
-        tr, va = split_indices(y.numpy(), a.valid_frac, a.seed)
-        if len(va) == 0: va = tr[:0]
+        img_size = a.img_size or int(saved[-1] if saved else default_size[-1])  # the checkpoint's
+        if a.valid_frac is not None and not 0 < a.valid_frac < 1:
+            return fail(f"--valid-frac must be in (0, 1), got {a.valid_frac}")
+        splits = split_folders(a.folder) if a.folder.is_dir() else None
+        held = splits and (splits.get("valid") or splits.get("test"))
+        if held and a.valid_frac is not None:
+            return fail(f"{a.folder} has its own validation split {held.name}/: drop --valid-frac, "
+                        f"or pass {splits['train']} to split its images")
+        root = splits["train"] if splits else a.folder
+        x, y, classes, skipped = _folder_dataset(root, img_size, in_chans)
+        if held:
+            x, y, tr, va, skipped = _add_held_out(x, y, classes, skipped, splits, held, img_size,
+                                                  in_chans)
+        else: tr, va = split_indices(y.numpy(), a.valid_frac or 0.2, a.seed)
         train_ds, val_ds = TensorDataset(x[tr], y[tr]), (TensorDataset(x[va], y[va]) if len(va) else None)
+        no_val = [c for i, c in enumerate(classes) if len(va) and not (y[va] == i).any()]
         conf = FinetuneConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, layer_decay=a.layer_decay,
                               seed=a.seed, device=a.device, eval_every=max(1, a.steps // 10))
         kw = dict(in_chans=in_chans, img_size=img_size)
@@ -315,10 +326,45 @@ def finetune_main(argv: list[str] | None = None) -> int:
     metrics = dict(model=a.model, strategy=strategy, pretrained=str(a.pretrained) if a.pretrained else None,
                    classes=classes, n_train=len(tr), n_valid=len(va), img_size=img_size, in_chans=in_chans,
                    steps=a.steps, val_acc=res.val_acc, history=res.history, seconds=round(res.seconds, 2),
-                   skipped=[dict(file=f, reason=r) for f, r in skipped], checkpoint=str(ckpt))
+                   skipped=[dict(file=f, reason=r) for f, r in skipped], checkpoint=str(ckpt),
+                   splits={k: v.name for k, v in splits.items()} if splits else None,
+                   valid_from=held.name if held else f"{a.valid_frac or 0.2:g} of each class",
+                   classes_without_valid=no_val)
     with atomic_write(out / "metrics.json", "w") as f: json.dump(metrics, f, indent=1)
     for f_, r in skipped: print(f"skipped {f_}: {r}", file=sys.stderr)
+    if splits and "test" in splits and held != splits["test"]:
+        print(f"note: {splits['test'].name}/ was not used (kept for a final test)", file=sys.stderr)
+    if no_val:
+        print(f"note: class(es) {no_val} have no validation image (too few images: all kept for "
+              "training); the validation accuracy leaves them out", file=sys.stderr)
     acc = "n/a (no validation images)" if val_ds is None else f"{res.val_acc:.3f}"
-    print(f"{a.model} ({strategy}, {a.steps} steps) on {len(classes)} classes, {len(tr)} train / {len(va)} valid images: "
+    src = f" ({held.name}/)" if held else ""
+    print(f"{a.model} ({strategy}, {a.steps} steps) on {len(classes)} classes, {len(tr)} train / "
+          f"{len(va)} valid{src} images: "
           f"val acc {acc}\nwrote {ckpt} and {out / 'metrics.json'}")
     return 0
+
+# %% ../nbs/52_inference_export.ipynb #78bb4022
+def _add_held_out(x, y, classes, skipped, splits, held, img_size, in_chans):
+    """Append the images of the split folder `held` (`held/CLASS/image`) to the training split's
+    `x, y`, labelled by the training `classes`; returns `(x, y, train_idx, valid_idx, skipped)`.
+    Raises `ValueError` naming a class folder that the training split does not have."""
+    from course_lib.data import ImageFolder
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        try: ds = ImageFolder(held, size=img_size, channels=in_chans, labels="subfolder")
+        except ValueError as e: raise ValueError(f"no usable images under {held}: {e}") from None
+    top = [p.name for p in ds.files if p.parent == held]
+    if top:
+        raise ValueError(f"{len(top)} image(s) directly in {held} ({top[:3]}): move them into a "
+                         "class sub-folder")
+    new = [c for c in ds.classes if c not in classes]
+    if new:
+        raise ValueError(f"{held} has class folder(s) {new} that {splits['train']} does not have "
+                         f"(its classes: {classes}): rename them or remove them")
+    xv = torch.stack([ds[i][0] for i in range(len(ds))])
+    yv = torch.tensor([classes.index(ds.classes[t]) for t in ds.targets], dtype=torch.long)
+    skipped = [(f"{splits['train'].name}/{f}", r) for f, r in skipped]
+    skipped += [(str(p.relative_to(held.parent)), r) for p, r in ds.report.skipped]
+    n = len(y)
+    return torch.cat([x, xv]), torch.cat([y, yv]), np.arange(n), np.arange(n, n + len(yv)), skipped

@@ -27,7 +27,7 @@ def make_project(tmp: Path, cells_b: list[str]) -> Path:
     nb(tmp / "nbs" / "a.ipynb", ["from course_lib.core import record\nrecord('steps_seen', steps)"])
     nb(tmp / "nbs" / "b.ipynb", cells_b)
     (tmp / "units" / "07_tiny" / "unit.toml").write_text(
-        '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb", "b.ipynb"]\n[profiles.quick]\nsteps = 3\nunused = 1\n[profiles.full]\nsteps = 30\n')
+        '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb", "b.ipynb"]\n[profiles.quick]\nsteps = 3\n[profiles.full]\nsteps = 30\n')
     return tmp
 
 
