@@ -17,7 +17,7 @@ from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
 from .data import Digits, to_uint8
 
 # %% auto #0
-__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION', 'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset', 'ema_update', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'SPACINGS', 'SAMPLERS', 'check_num_steps', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'sample', 'ExactGrid', 'make_scheduler', 'sampler_table', 'format_table']
+__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION', 'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset', 'ema_update', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'SPACINGS', 'SAMPLERS', 'check_num_steps', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'sample', 'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table']
 
 # %% ../nbs/10_forward_process.ipynb #c496e861
 BETA_SCHEDULES = ("linear", "cosine", "sigmoid")
@@ -678,6 +678,8 @@ class ExactGrid:
     distinct timesteps in [0, T-1]; otherwise it uses `timestep_grid` (custom `timesteps` where the scheduler
     takes them, as DDPM and DPM-Solver do; DDIM steps from t to t - T // n whatever the grid)."""
     def set_timesteps(self, num_inference_steps=None, device=None, **kw):
+        if num_inference_steps is None and kw.get("timesteps") is not None:   # diffusers' custom timesteps
+            return super().set_timesteps(device=device, **kw)
         T = self.config.num_train_timesteps
         n = check_num_steps(num_inference_steps, T)
         super().set_timesteps(n, device=device, **kw)
@@ -688,10 +690,21 @@ class ExactGrid:
             super().set_timesteps(device=device, timesteps=grid.tolist())
         else: self.timesteps = torch.from_numpy(grid).to(device or "cpu")
 
+class DDIMVarianceFix:
+    """Mixin for `DDIMScheduler`: sigma_t^2 (eq. 16 of Song et al. 2021) never exceeds 1 - alpha_bar_{t'}. In exact
+    arithmetic it does not; in float32, at t = T-1 of the cosine schedule (alpha_bar about 2e-9), eta = 1 made
+    `1 - alpha_bar_prev - sigma^2` slightly negative and its square root NaN."""
+    def _get_variance(self, timestep, prev_timestep):
+        v = super()._get_variance(timestep, prev_timestep)
+        a_prev = self.alphas_cumprod[prev_timestep] if prev_timestep >= 0 else self.final_alpha_cumprod
+        return torch.clamp(v, max=float(1 - a_prev) * (1 - 1e-6))
+
 _EXACT = {}
 def _exact_grid(cls):
     "`cls` with `ExactGrid` mixed in (same class name, so saved configs load in diffusers)."
-    if cls not in _EXACT: _EXACT[cls] = type(cls.__name__, (ExactGrid, cls), {"__module__": __name__})
+    if cls not in _EXACT:
+        bases = (ExactGrid, DDIMVarianceFix, cls) if cls.__name__ == "DDIMScheduler" else (ExactGrid, cls)
+        _EXACT[cls] = type(cls.__name__, bases, {"__module__": __name__})
     return _EXACT[cls]
 
 def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: bool = True, **kw):
@@ -707,6 +720,8 @@ def make_scheduler(kind: str, config: DDPMConfig | None = None, recommended: boo
     Raises `ValueError` for an unknown kind."""
     cfg = config or DDPMConfig()
     schedule = cfg.schedule()
+    if kw.get("timestep_spacing", "leading") not in SPACINGS:
+        raise ValueError(f"unknown timestep_spacing {kw['timestep_spacing']!r}; choose one of {list(SPACINGS)}")
     if kind == "ancestral":
         return AncestralSampler(schedule, prediction_type=cfg.prediction_type, **kw)
     from diffusers import DDPMScheduler, DDIMScheduler, DPMSolverMultistepScheduler

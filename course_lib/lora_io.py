@@ -42,11 +42,12 @@ def base_fingerprint(unet: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 def adapter_names(unet: nn.Module) -> list[str]:
-    "The names of the LoRA adapters injected into `unet` (in order of injection)."
+    "The names of the LoRA adapters injected into `unet`, in order of injection (adapters may sit on other layers)."
     from peft.tuners.lora import LoraLayer
+    names = dict.fromkeys(getattr(unet, "peft_config", {}))            # peft keeps them in injection order
     for m in unet.modules():
-        if isinstance(m, LoraLayer): return list(m.lora_A.keys())
-    return []
+        if isinstance(m, LoraLayer): names.update(dict.fromkeys(m.lora_A.keys()))
+    return list(names)
 
 def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "concept", base_model: str = "",
                  trigger: str | None = None, training_config: Mapping | None = None,
@@ -224,11 +225,14 @@ def set_adapters(unet: nn.Module, weights: str | Sequence[str] | Mapping[str, fl
 
 def active_adapters(unet: nn.Module) -> dict[str, float]:
     "`{name: weight}` of the active adapters (empty when disabled or none)."
-    layers = _lora_layers(unet)
-    if not layers or layers[0].disable_adapters: return {}
-    m = layers[0]
-    unit = {n: m.lora_alpha[n] / (math.sqrt(m.r[n]) if m.use_rslora.get(n) else m.r[n]) for n in m.active_adapters}
-    return {n: m.scaling[n] / unit[n] for n in m.active_adapters}
+    out = {}
+    for m in _lora_layers(unet):
+        if m.disable_adapters: return {}
+        for n in m.active_adapters:
+            if n in out or n not in m.scaling: continue
+            unit = m.lora_alpha[n] / (math.sqrt(m.r[n]) if m.use_rslora.get(n) else m.r[n])
+            out[n] = m.scaling[n] / unit
+    return out
 
 def merge_adapters(unet: nn.Module) -> nn.Module:
     "Fold the active adapters (with their blend weights) into the base weights, in place. Returns `unet`."

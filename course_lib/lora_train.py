@@ -127,6 +127,9 @@ def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
     if not isinstance(adapter_name, str) or not re.fullmatch(r"[\w-]+", adapter_name):
         raise ValueError(f"adapter_name must be letters, digits, '_' or '-' (peft keeps adapters in module "
                          f"dicts, whose keys cannot hold '.'), got {adapter_name!r}")
+    if adapter_name in getattr(unet, "peft_config", {}):
+        raise ValueError(f"the model already has an adapter {adapter_name!r} (adding it again would replace its "
+                         "weights): pass another adapter_name, or remove_adapter it first")
     targets = check_target_modules(unet, target_modules)
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets if isinstance(targets, str) else list(targets),
                      lora_dropout=dropout, init_lora_weights=True, use_rslora=use_rslora,

@@ -125,9 +125,27 @@ def _as_record(rec, i: int) -> dict:
         raise TypeError(f"record {i}: 'meta' must be a dict, got {type(rec['meta']).__name__}")
     return rec if "meta" in rec else {**rec, "meta": {}}
 
+def _has_nonfinite(x) -> bool:
+    "True if a float in `x` (nested dicts and lists) is NaN or infinite."
+    if isinstance(x, float): return x != x or x in (float("inf"), float("-inf"))
+    if isinstance(x, dict): return any(_has_nonfinite(v) for v in x.values())
+    if isinstance(x, (list, tuple)): return any(_has_nonfinite(v) for v in x)
+    return False
+
+def _nonfinite_path(x, path="meta") -> str:
+    "Where the first NaN or infinity in `x` is, as `meta['key'][0]`."
+    if isinstance(x, float) and _has_nonfinite(x): return f"{path} = {x}"
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else []
+    for k, v in items:
+        if _has_nonfinite(v): return _nonfinite_path(v, f"{path}[{k!r}]")
+    return path
+
 def _record_line(rec, i: int) -> bytes:
     "One JSON line for record `i` (orjson refuses ints beyond 64 bits; the reader returns them)."
     rec = _as_record(rec, i)
+    if _has_nonfinite(rec["meta"]):       # orjson would write NaN and infinities as null, silently
+        raise TypeError(f"record {i} cannot be written as JSON: its meta holds NaN or infinity "
+                        f"({_nonfinite_path(rec['meta'])}), which JSON has no value for")
     try:
         return _dumps(rec)
     except TypeError:

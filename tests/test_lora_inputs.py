@@ -159,3 +159,24 @@ def test_course_lora_generate_takes_any_legal_file_name(tmp_path):
                         "--base-steps", "2"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert r.returncode == 0, r.stderr[-2000:]
     assert out.is_file() and Image.open(out).size[0] > 0
+
+
+def test_adapters_on_different_layers_are_all_seen():
+    "Adapter A on to_q and B on time_emb_proj: the first LoRA layer holds only B, yet both exist."
+    import course_lib.lora_io as io
+    unet = add_lora(tiny_unet(), 2, target_modules=["to_q"], adapter_name="A")
+    add_lora(unet, 2, target_modules=["time_emb_proj"], adapter_name="B")
+    assert io.adapter_names(unet) == ["A", "B"]
+    set_adapters(unet, {"A": 1.0, "B": 0.5})
+    assert active_adapters(unet) == pytest.approx({"A": 1.0, "B": 0.5})
+    io.remove_adapter(unet, "A")
+    assert io.adapter_names(unet) == ["B"]
+
+
+def test_adding_an_adapter_under_a_taken_name_is_refused():
+    unet = add_lora(tiny_unet(), 2, adapter_name="concept")
+    randomise_lora(unet)
+    before = forward(unet)
+    with pytest.raises(ValueError, match=r"already has an adapter 'concept'"):
+        add_lora(unet, 4, adapter_name="concept")
+    assert torch.equal(forward(unet), before)            # the trained weights are untouched

@@ -255,3 +255,12 @@ def test_text_files_lose_their_byte_order_mark(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert [r["text"] for r in load_corpus(tmp_path)] == ["hello"]
+
+
+def test_nan_and_infinity_in_meta_are_refused_not_written_as_null(tmp_path):
+    "orjson writes NaN as null: the value would come back as None, silently."
+    from course_lib.pile import write_jsonl_zst
+    for meta, where in [({"v": float("nan")}, r"meta\['v'\] = nan"),
+                        ({"big": 2 ** 100, "w": [1.0, float("inf")]}, r"meta\['w'\]\[1\] = inf")]:
+        with pytest.raises(TypeError, match=rf"record 1 cannot be written as JSON: .*{where}"):
+            write_jsonl_zst(tmp_path / "x.jsonl.zst", [{"text": "a", "meta": {}}, {"text": "b", "meta": meta}])

@@ -21,8 +21,8 @@ def sha256(p: Path) -> str:
 
 
 def test_every_lesson_model_ships():
-    assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2"}, KINDS
-    # the package stays small enough for a wheel: measured 26.3 MB for the seven models
+    assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick"}, KINDS
+    # the package stays small enough for a wheel: measured 31.9 MB for the nine models
     assert 0 < PROV["total_bytes"] < 40e6
 
 
@@ -59,7 +59,8 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     clf = load_digits_classifier(config=ClassifierConfig())
     assert clf.valid_acc == pytest.approx(figures["classifier" + "load_digits_classifier(config=ClassifierConfig())"]
                                           ["valid_acc"])
-    for model in (load_pretrained_ddpm(DDPMConfig(), progress=False), load_base(base_config(), progress=False)):
+    for model in (load_pretrained_ddpm(DDPMConfig(), progress=False), load_base(base_config(), progress=False),
+                  load_pretrained_ddpm(DDPMConfig.quick(), progress=False), load_base(base_config(100), progress=False)):
         assert model.history["loss"] and torch.isfinite(next(model.parameters())).all()
     for name, aug in (("course_resnet_32", "d4"), ("course_vit_32", "d4"), ("course_resnet_32", "none")):
         assert pretrained_source_model(name, steps=1000, label_augment=aug).is_file()

@@ -111,3 +111,25 @@ def test_step_options_reach_the_scheduler(tiny):
     assert (unclipped - ddpm).abs().max() > 1e-2        # the random model's x0 is clipped: clipping matters
     with pytest.raises(ValueError, match=r"DDPMScheduler.step takes no \['use_clipped_model_output'\]"):
         run("ddpm", step_kwargs={"use_clipped_model_output": True})
+
+
+def test_custom_timesteps_and_bad_spacing():
+    "diffusers' own `set_timesteps(timesteps=[...])` still works; an unknown spacing is refused when built."
+    cfg = DDPMConfig()
+    for kind in ("ddpm", "dpm++"):
+        sch = make_scheduler(kind, cfg)
+        sch.set_timesteps(timesteps=[999, 500, 10])
+        assert sch.timesteps.tolist() == [999, 500, 10]
+    for kind in SAMPLERS:
+        with pytest.raises(ValueError, match="unknown timestep_spacing 'foo'"):
+            make_scheduler(kind, cfg, timestep_spacing="foo")
+
+
+def test_ddim_eta_one_from_pure_noise_stays_finite(tiny):
+    """At t = T-1 of the cosine schedule (alpha_bar about 2e-9) float32 made DDIM's 1 - alpha_bar_prev - sigma^2
+    slightly negative with eta = 1, and every sample NaN."""
+    unet, cfg = tiny
+    for steps in (5, 10):
+        x = sample(unet, make_scheduler("ddim", cfg), 2, steps, generator=torch.Generator().manual_seed(0),
+                   class_labels=1, eta=1.0)[1]
+        assert torch.isfinite(x).all()

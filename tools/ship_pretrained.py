@@ -12,7 +12,7 @@ import argparse, hashlib, json, os, platform, shutil, subprocess, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("classifier", "ddpm", "base", "vision", "gpt2")
+MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick")
 GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=128, n_embd=128, n_layer=4, steps=400,
             batch_size=16, seed=0)                       # nbs/62_tiny_gpt2.ipynb's full profile
 
@@ -27,13 +27,15 @@ def train(kind: str) -> list[dict]:
         path = cache_dir("models", "digits_classifier") / f"{cfg.key()}.safetensors"
         return [dict(path=path, config=cfg.__dict__, figures={"valid_acc": m.valid_acc},
                      call="load_digits_classifier(config=ClassifierConfig())")]
-    if kind in ("ddpm", "base"):
+    if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):      # the lessons' models and the quick profile's
         from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
         from course_lib.lora_train import base_config
-        cfg = DDPMConfig() if kind == "ddpm" else base_config()
+        cfg, call = {"ddpm": (DDPMConfig(), "load_pretrained_ddpm(DDPMConfig())"),
+                     "base": (base_config(), "load_base(base_config())"),
+                     "ddpm-quick": (DDPMConfig.quick(), "load_pretrained_ddpm(DDPMConfig.quick())"),
+                     "base-quick": (base_config(100), "load_base(base_config(100))")}[kind]
         m = load_pretrained_ddpm(cfg, progress=False)
         path = cache_dir("models", "ddpm", cfg.key()) / "ema.safetensors"
-        call = "load_pretrained_ddpm(DDPMConfig())" if kind == "ddpm" else "load_base(base_config())"
         return [dict(path=path, config=cfg.to_dict(), call=call,
                      figures={"final_loss": m.history["loss"][-1], "train_seconds": m.history["seconds"]})]
     if kind == "vision":
