@@ -386,7 +386,11 @@ def lora_main(argv: list[str]) -> int:
                 path, _, w = spec.partition("=")
                 name = re.sub(r"[^\w-]", "_", Path(path).stem)
                 while name in weights: name += "_"
-                meta = load_adapter(base, path, adapter_name=name)
+                try: meta = load_adapter(base, path, adapter_name=name)
+                except ValueError as e:    # on the command line, the base is chosen by --base-steps
+                    if "weight hash" not in str(e): raise
+                    return err(f"{e.args[0].split(': load it')[0]}: pass the --base-steps the adapter was "
+                               f"trained with (this run used --base-steps {a.base_steps})")
                 weights[meta["adapter_name"]] = float(w) if w else 1.0
                 triggers.append(meta.get("trigger"))
             set_adapters(base, weights)

@@ -509,7 +509,7 @@ def composition_table(counts: dict[str, SubsetCount]) -> list[dict]:
              "mean_doc_kib": c.bytes / max(c.docs, 1) / 1024} for k, c in sorted(counts.items(), key=lambda kv: -kv[1].bytes)]
     nd = sum(c.docs for c in counts.values())
     rows.append({"pile_set_name": "total", "docs": nd, "bytes": sum(c.bytes for c in counts.values()),
-                 "share_pct": 100.0 if counts else 0.0, "mean_doc_kib": total / max(nd, 1) / 1024})
+                 "share_pct": 100.0 if counts else 0.0, "mean_doc_kib": (total if nd else 0) / max(nd, 1) / 1024})
     return rows
 
 def format_table(rows: list[dict], floats: str = ".2f") -> str:

@@ -196,7 +196,7 @@ def load_finetuned(path: str | os.PathLike, **kwargs) -> nn.Module:
     kw.update(kwargs)
     K = int(meta["num_classes"])
     model = create_vision_model(meta["architecture"], K, pretrained_file=path, **kw)
-    if kw.get("img_size") is not None and model_fixed_size(model) is None:
+    if kw.get("img_size") is not None:           # also a ViT: its pretrained_cfg says the size too
         record_input_size(model, kw["img_size"])
     return model.eval()
 

@@ -180,3 +180,16 @@ def test_adding_an_adapter_under_a_taken_name_is_refused():
     with pytest.raises(ValueError, match=r"already has an adapter 'concept'"):
         add_lora(unet, 4, adapter_name="concept")
     assert torch.equal(forward(unet), before)            # the trained weights are untouched
+
+
+def test_course_lora_generate_on_another_base_names_the_flag(tmp_path):
+    "The message advised check_base=False, which the command line has no way to pass."
+    from course_lib.lora_train import base_config, load_base
+    base = load_base(base_config(2), progress=False)
+    add_lora(base, 2, adapter_name="concept")
+    a = save_adapter(base, tmp_path / "a.safetensors", "concept")
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli", "lora", "generate", "a photo of a 3",
+                        str(tmp_path / "g.png"), "--adapter", str(a), "--n", "1", "--steps", "2",
+                        "--base-steps", "3"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    assert r.returncode == 2 and "pass the --base-steps the adapter was trained with" in r.stderr, r.stderr
+    assert "check_base" not in r.stderr and "Traceback" not in r.stderr

@@ -264,3 +264,10 @@ def test_nan_and_infinity_in_meta_are_refused_not_written_as_null(tmp_path):
                         ({"big": 2 ** 100, "w": [1.0, float("inf")]}, r"meta\['w'\]\[1\] = inf")]:
         with pytest.raises(TypeError, match=rf"record 1 cannot be written as JSON: .*{where}"):
             write_jsonl_zst(tmp_path / "x.jsonl.zst", [{"text": "a", "meta": {}}, {"text": "b", "meta": meta}])
+
+
+def test_composition_of_no_documents_is_all_zero():
+    "The 'total' row of an empty file said 1 byte / 1024 (the share's guard against dividing by zero leaked)."
+    from course_lib.pile import composition_table
+    total = composition_table({})[-1]
+    assert total == {"pile_set_name": "total", "docs": 0, "bytes": 0, "share_pct": 0.0, "mean_doc_kib": 0.0}

@@ -143,6 +143,8 @@ def test_vit_trained_at_another_size_reloads(tmp_path):
     m = load_finetuned(path)
     x = torch.rand(3, 1, 16, 16) * 2 - 1
     assert model_data_config(m)["input_size"] == (1, 16, 16)
+    import timm.data                                   # timm's own preprocessing reads the same size
+    assert timm.data.resolve_data_config(model=m)["input_size"] == (1, 16, 16)
     assert torch.allclose(predict_logits(m, x, device="cpu"), predict_logits(res.model, x, device="cpu"))
     with pytest.raises(ValueError, match=r"img_size mismatch: .* trained on 16x16 .* built for 32x32: .*img_size=16"):
         load_finetuned(path, img_size=32)
