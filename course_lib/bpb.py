@@ -19,16 +19,18 @@ __all__ = ['LN2', 'COMPRESSORS', 'n_bytes', 'BPBResult', 'compressor_bpb', 'zstd
            'rolling_windows', 'BPBReport', 'prefix_token_id', 'model_window', 'score_windows', 'bpb', 'load_local_lm',
            'bpb_main']
 
-# %% ../nbs/61_bits_per_byte.ipynb #fd8a8222
+# %% ../nbs/61_bits_per_byte.ipynb #5ea05466
 LN2 = math.log(2)
 
 def n_bytes(text: str) -> int:
-    "UTF-8 length of `text` in bytes (multi-byte characters count 2-4); the L_B of BPB."
+    "UTF-8 length of `text` in bytes (multi-byte characters count 2-4): the L_B of BPB."
     return len(text.encode("utf-8"))
 
+# %% ../nbs/61_bits_per_byte.ipynb #fd8a8222
 @dataclass
 class BPBResult:
-    "Totals over some documents: `nll` (nats, summed), `tokens` (L_T, predicted tokens), `bytes` (L_B, UTF-8), `docs`."
+    """Totals over some documents: `nll` (nats, summed), `tokens` (L_T, predicted tokens), `bytes`
+    (L_B, UTF-8), `docs`."""
     nll: float = 0.0
     tokens: int = 0
     bytes: int = 0
@@ -48,52 +50,70 @@ class BPBResult:
     def perplexity(self) -> float: return math.exp(self.loss) if self.tokens else float("nan")
 
     def add(self, nll: float, tokens: int, nbytes: int, docs: int = 1) -> "BPBResult":
-        self.nll += nll; self.tokens += tokens; self.bytes += nbytes; self.docs += docs
+        self.nll += nll
+        self.tokens += tokens
+        self.bytes += nbytes
+        self.docs += docs
         return self
 
     def row(self) -> dict:
-        return {"docs": self.docs, "bytes": self.bytes, "tokens": self.tokens, "bytes_per_token": self.bytes / max(self.tokens, 1),
-                "loss_nats": self.loss, "ppl": self.perplexity, "bits_per_token": self.bits_per_token, "bpb": self.bpb}
+        return {"docs": self.docs, "bytes": self.bytes, "tokens": self.tokens,
+                "bytes_per_token": self.bytes / max(self.tokens, 1), "loss_nats": self.loss,
+                "ppl": self.perplexity, "bits_per_token": self.bits_per_token, "bpb": self.bpb}
 
 # %% ../nbs/61_bits_per_byte.ipynb #d1ff22e7
+def _zstd(level: int):
+    return lambda b: zstandard.ZstdCompressor(level=level).compress(b)
+
 COMPRESSORS = {
-    "gzip-1": lambda b: gzip.compress(b, 1, mtime=0), "gzip-6": lambda b: gzip.compress(b, 6, mtime=0),
+    "gzip-1": lambda b: gzip.compress(b, 1, mtime=0),
+    "gzip-6": lambda b: gzip.compress(b, 6, mtime=0),
     "gzip-9": lambda b: gzip.compress(b, 9, mtime=0),
     "bz2-9": lambda b: bz2.compress(b, 9),
-    "lzma-6": lambda b: lzma.compress(b, preset=6), "lzma-9e": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME),
-    "zstd-1": lambda b: zstandard.ZstdCompressor(level=1).compress(b), "zstd-3": lambda b: zstandard.ZstdCompressor(level=3).compress(b),
-    "zstd-9": lambda b: zstandard.ZstdCompressor(level=9).compress(b), "zstd-19": lambda b: zstandard.ZstdCompressor(level=19).compress(b),
+    "lzma-6": lambda b: lzma.compress(b, preset=6),
+    "lzma-9e": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME),
+    "zstd-1": _zstd(1), "zstd-3": _zstd(3), "zstd-9": _zstd(9), "zstd-19": _zstd(19),
 }
 
 def compressor_bpb(texts: Iterable[str], method: str = "zstd-19") -> BPBResult:
-    """BPB of a compressor on `texts`, compressed as one stream (texts joined with '\\n'): 8 * compressed bytes /
-    UTF-8 bytes. `nll` is the code length in nats (8 C ln 2), `tokens` the compressed size in bytes.
-    `method`: a key of `COMPRESSORS` (raises `KeyError` naming the valid ones)."""
-    if method not in COMPRESSORS: raise KeyError(f"unknown compressor {method!r}; choose one of {sorted(COMPRESSORS)}")
+    """BPB of a compressor on `texts`, compressed as one stream (texts joined with '\\n'): 8 *
+    compressed bytes / UTF-8 bytes. `nll` is the code length in nats (8 C ln 2), `tokens` the
+    compressed size in bytes. `method`: a key of `COMPRESSORS` (raises `KeyError` naming the valid
+    ones)."""
+    if method not in COMPRESSORS:
+        raise KeyError(f"unknown compressor {method!r}: choose one of {sorted(COMPRESSORS)}")
     texts = list(texts)
     data = "\n".join(texts).encode("utf-8")
     c = len(COMPRESSORS[method](data))
     return BPBResult(nll=8 * c * LN2, tokens=c, bytes=len(data), docs=len(texts))
 
-def zstd_dict_bpb(texts: Iterable[str], train_texts: Iterable[str], dict_size: int = 112_640, level: int = 19) -> BPBResult:
-    "BPB of zstd with a dictionary trained (`zstandard.train_dictionary`) on `train_texts`, each text compressed separately."
+# %% ../nbs/61_bits_per_byte.ipynb #ce7af4d7
+def zstd_dict_bpb(texts: Iterable[str], train_texts: Iterable[str], dict_size: int = 112_640,
+                  level: int = 19) -> BPBResult:
+    """BPB of zstd with a dictionary trained (`zstandard.train_dictionary`) on `train_texts`, each
+    text compressed separately."""
     samples = [t.encode("utf-8") for t in train_texts if t]
     d = zstandard.train_dictionary(dict_size, samples)
-    cctx = zstandard.ZstdCompressor(level=level, dict_data=d, write_content_size=False, write_checksum=False, write_dict_id=False)
+    cctx = zstandard.ZstdCompressor(level=level, dict_data=d, write_content_size=False,
+                                    write_checksum=False, write_dict_id=False)
     res = BPBResult()
     for t in texts:
-        b = t.encode("utf-8"); c = len(cctx.compress(b))
+        b = t.encode("utf-8")
+        c = len(cctx.compress(b))
         res.add(8 * c * LN2, c, len(b))
     return res
 
+# %% ../nbs/61_bits_per_byte.ipynb #41a256fa
 def by_subset(records: Iterable[dict]) -> dict[str, list[str]]:
     "`{pile_set_name: [text, ...]}`, in the records' order."
     out: dict[str, list[str]] = {}
     for r in records: out.setdefault(pile_set_name(r), []).append(r["text"])
     return out
 
-def compressor_table(records: Iterable[dict], methods: Sequence[str] = tuple(COMPRESSORS)) -> dict[str, dict[str, float]]:
-    "`{method: {subset: bpb, ..., 'all': bpb}}`; 'all' compresses each subset separately and sums the sizes."
+def compressor_table(records: Iterable[dict],
+                     methods: Sequence[str] = tuple(COMPRESSORS)) -> dict[str, dict[str, float]]:
+    """`{method: {subset: bpb, ..., 'all': bpb}}`, where 'all' compresses each subset separately
+    and sums the sizes."""
     subs = by_subset(records)
     out = {}
     for m in methods:
@@ -105,15 +125,17 @@ def compressor_table(records: Iterable[dict], methods: Sequence[str] = tuple(COM
 
 # %% ../nbs/61_bits_per_byte.ipynb #6aad42ea
 def rolling_windows(n: int, window: int, stride: int | None = None) -> list[tuple[int, int, int]]:
-    """The windows that score `n` tokens with a causal LM of context `window`, as `(start, end, n_score)` over
-    the sequence `s = [prefix] + tokens` (length n + 1): feed `s[start:end]` (length <= window) and score its
-    last `n_score` positions, which predict `tokens[end - n_score:end]`. Every token is scored exactly once.
-    `stride=None` (= window) gives lm-evaluation-harness's disjoint rolling windows
-    (`utils.get_rolling_token_windows` + `make_disjoint_window`, context_len=1); `stride < window` a sliding window.
+    """The windows that score `n` tokens with a causal LM of context `window`, as
+    `(start, end, n_score)` over the sequence `s = [prefix] + tokens` (length n + 1): feed
+    `s[start:end]` (length <= window) and score its last `n_score` positions, which predict
+    `tokens[end - n_score:end]`. Every token is scored exactly once. `stride=None` (= window) gives
+    lm-evaluation-harness's disjoint rolling windows (`utils.get_rolling_token_windows` +
+    `make_disjoint_window`, context_len=1), `stride < window` a sliding window.
     Raises `ValueError` for window < 1 or stride not in 1..window."""
     stride = window if stride is None else stride
     if window < 1: raise ValueError(f"window must be >= 1, got {window}")
-    if not 1 <= stride <= window: raise ValueError(f"stride must be in 1..window={window}, got {stride}")
+    if not 1 <= stride <= window:
+        raise ValueError(f"stride must be in 1..window={window}, got {stride}")
     if n <= 0: return []
     e = min(window, n)
     out = [(0, e, e)]
@@ -126,7 +148,8 @@ def rolling_windows(n: int, window: int, stride: int | None = None) -> list[tupl
 # %% ../nbs/61_bits_per_byte.ipynb #33b08352
 @dataclass
 class BPBReport:
-    "`bpb()`'s answer: `overall` and `subsets` (`{pile_set_name: BPBResult}`), the `window`/`stride` used, and `per_doc` `(subset, nll, tokens, bytes)`."
+    """`bpb()`'s answer: `overall` and `subsets` (`{pile_set_name: BPBResult}`), the
+    `window`/`stride` used, and `per_doc` `(subset, nll, tokens, bytes)`."""
     overall: BPBResult
     subsets: dict[str, BPBResult]
     window: int
@@ -134,13 +157,19 @@ class BPBReport:
     per_doc: list = field(default_factory=list, repr=False)
 
     def table(self) -> list[dict]:
-        "Rows `{'pile_set_name', docs, bytes, tokens, bytes_per_token, loss_nats, ppl, bits_per_token, bpb}`, then 'all'."
-        return [{"pile_set_name": k, **v.row()} for k, v in sorted(self.subsets.items())] + [{"pile_set_name": "all", **self.overall.row()}]
+        """Rows `{'pile_set_name', docs, bytes, tokens, bytes_per_token, loss_nats, ppl,
+        bits_per_token, bpb}`, then 'all'."""
+        rows = [{"pile_set_name": k, **v.row()} for k, v in sorted(self.subsets.items())]
+        return rows + [{"pile_set_name": "all", **self.overall.row()}]
 
+# %% ../nbs/61_bits_per_byte.ipynb #d0d8e979
 def prefix_token_id(tokenizer) -> int:
-    "The token that conditions the first prediction: BOS, else EOS (as lm-evaluation-harness). Raises `ValueError` if neither exists."
+    """The token that conditions the first prediction: BOS, else EOS (as lm-evaluation-harness).
+    Raises `ValueError` if neither exists."""
     t = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if t is None: raise ValueError("the tokenizer has neither a BOS nor an EOS token: set tokenizer.bos_token")
+    if t is None:
+        raise ValueError("the tokenizer has neither a BOS nor an EOS token: "
+                         "set tokenizer.bos_token")
     return t
 
 def model_window(model) -> int:
@@ -150,46 +179,44 @@ def model_window(model) -> int:
         if isinstance(v, int) and v > 0: return v
     raise ValueError("cannot tell the model's context length: pass window=")
 
+# %% ../nbs/61_bits_per_byte.ipynb #6f3d89ad
+def _window_batch(seqs: list[list[int]], windows: list[tuple], idx: list[int]) -> tuple:
+    "`(inputs, targets, mask)` of the windows `idx`, right-padded to the longest."
+    T = max(windows[i][2] - windows[i][1] for i in idx)
+    inp = torch.zeros(len(idx), T, dtype=torch.long)
+    tgt = torch.zeros(len(idx), T, dtype=torch.long)
+    mask = torch.zeros(len(idx), T, dtype=torch.bool)
+    for r, i in enumerate(idx):
+        d, a, e, k = windows[i]
+        s = seqs[d]
+        inp[r, : e - a] = torch.tensor(s[a:e])
+        tgt[r, : e - a] = torch.tensor(s[a + 1:e + 1])
+        mask[r, e - a - k: e - a] = True
+    return inp, tgt, mask
+
+# %% ../nbs/61_bits_per_byte.ipynb #78247c33
 @torch.no_grad()
-def score_windows(model, seqs: list[list[int]], windows: list[tuple[int, int, int, int]], batch_size: int = 8,
-                  device=None, progress: bool = False) -> list[float]:
-    """NLL (nats) of each window `(seq_index, start, end, n_score)` of `seqs` (token id lists starting with the
-    prefix token), scoring several windows a forward pass. Returns one float per window, in the given order."""
+def score_windows(model, seqs: list[list[int]], windows: list[tuple[int, int, int, int]],
+                  batch_size: int = 8, device=None, progress: bool = False) -> list[float]:
+    """NLL (nats) of each window `(seq_index, start, end, n_score)` of `seqs` (token id lists
+    starting with the prefix token), scoring several windows a forward pass. Returns one float per
+    window, in the given order."""
     from tqdm.auto import tqdm
     device = device or next(model.parameters()).device
     order = sorted(range(len(windows)), key=lambda i: -(windows[i][2] - windows[i][1]))
     out = [0.0] * len(windows)
     for b in tqdm(range(0, len(order), batch_size), disable=not progress, desc="windows"):
         idx = order[b:b + batch_size]
-        T = max(windows[i][2] - windows[i][1] for i in idx)
-        inp = torch.zeros(len(idx), T, dtype=torch.long)
-        tgt = torch.zeros(len(idx), T, dtype=torch.long)
-        mask = torch.zeros(len(idx), T, dtype=torch.bool)
-        for r, i in enumerate(idx):
-            d, a, e, k = windows[i]
-            s = seqs[d]
-            inp[r, : e - a] = torch.tensor(s[a:e])
-            tgt[r, : e - a] = torch.tensor(s[a + 1:e + 1])
-            mask[r, e - a - k: e - a] = True
-        logits = model(inp.to(device)).logits.float()                 # (B, T, V)
-        logp = F.log_softmax(logits, dim=-1).gather(-1, tgt.to(device)[..., None])[..., 0]   # (B, T)
+        inp, tgt, mask = _window_batch(seqs, windows, idx)
+        logits = model(inp.to(device)).logits.float()                             # (B, T, V)
+        logp = F.log_softmax(logits, dim=-1).gather(-1, tgt.to(device)[..., None])[..., 0]  # (B, T)
         nll = -(logp * mask.to(device)).sum(1)
         for r, i in enumerate(idx): out[i] = float(nll[r])
     return out
 
-def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = None, stride: int | None = None,
-        batch_size: int = 8, accelerator=None, progress: bool = False) -> BPBReport:
-    """Bits per byte of a causal LM (a `transformers` model whose output has `.logits`, e.g. `GPT2LMHeadModel`)
-    on `documents` (Pile records or plain strings), per `pile_set_name` and overall.
-
-    Each document is tokenized alone (`tokenizer.encode(text, add_special_tokens=False)`), preceded by the
-    prefix token (BOS, else EOS) and scored with `rolling_windows(n, window, stride)`: `stride=None` reproduces
-    lm-evaluation-harness's `loglikelihood_rolling` and its `bits_per_byte` (sum of NLL / sum of UTF-8 bytes / ln 2);
-    `stride < window` is a sliding window. `window`: default the model's context length. Units: NLL in nats,
-    BPB in bits per UTF-8 byte. `accelerator`: an `accelerate.Accelerator`; with several processes each scores
-    every `num_processes`-th document and the totals are gathered (same totals as one process).
-    Raises `ValueError` for a bad window/stride, a window longer than the model's context, or a
-    document without text."""
+# %% ../nbs/61_bits_per_byte.ipynb #9bd95a88
+def _check_window(model, window: int | None) -> int:
+    "The window to use: `window`, else the model's context. Raises `ValueError` if it is too long."
     window = window or model_window(model)
     try:
         ctx = model_window(model)
@@ -198,9 +225,10 @@ def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = 
     if ctx is not None and window > ctx:
         raise ValueError(f"window {window} is longer than the model's context ({ctx} positions): "
                          f"pass window <= {ctx}")
-    stride = stride or window
-    rolling_windows(1, window, stride)   # validates
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+    return window
+
+def _windows_of(tokenizer, documents, window: int, stride: int, rank: int, world: int) -> tuple:
+    "`(meta, seqs, wins, mine)`: every document's `(subset, bytes)`, and this process's windows."
     prefix = prefix_token_id(tokenizer)
     meta, seqs, wins, mine = [], [], [], []
     for i, d in enumerate(documents):
@@ -212,32 +240,66 @@ def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = 
         mine.append(i)
         for a, e, k in rolling_windows(len(ids), window, stride): wins.append((len(seqs), a, e, k))
         seqs.append([prefix] + list(ids))
+    return meta, seqs, wins, mine
+
+# %% ../nbs/61_bits_per_byte.ipynb #dce59cfe
+def _report(rows: list, meta: list, window: int, stride: int) -> BPBReport:
+    "The `BPBReport` of `rows` `(doc index, (nll, tokens))`, with `meta[i] = (subset, bytes)`."
+    overall, subsets, per_doc = BPBResult(), {}, []
+    for i, (nll, ntok) in rows:
+        subset, nb = meta[i]
+        overall.add(nll, ntok, nb)
+        subsets.setdefault(subset, BPBResult()).add(nll, ntok, nb)
+        per_doc.append((subset, nll, ntok, nb))
+    return BPBReport(overall, subsets, window, stride, per_doc)
+
+# %% ../nbs/61_bits_per_byte.ipynb #9f6ecb94
+def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = None,
+        stride: int | None = None, batch_size: int = 8, accelerator=None,
+        progress: bool = False) -> BPBReport:
+    """Bits per byte of a causal LM (a `transformers` model whose output has `.logits`, e.g.
+    `GPT2LMHeadModel`) on `documents` (Pile records or plain strings), per `pile_set_name` and
+    overall.
+
+    Each document is tokenized alone (`tokenizer.encode(text, add_special_tokens=False)`), preceded
+    by the prefix token (BOS, else EOS) and scored with `rolling_windows(n, window, stride)`:
+    `stride=None` reproduces lm-evaluation-harness's `loglikelihood_rolling` and its `bits_per_byte`
+    (sum of NLL / sum of UTF-8 bytes / ln 2), `stride < window` is a sliding window. `window`:
+    default the model's context length. Units: NLL in nats, BPB in bits per UTF-8 byte.
+    `accelerator`: an `accelerate.Accelerator`. With several processes each scores every
+    `num_processes`-th document and the totals are gathered (same totals as one process).
+    Raises `ValueError` for a bad window/stride, a window longer than the model's context, or a
+    document without text."""
+    window = _check_window(model, window)
+    stride = stride or window
+    rolling_windows(1, window, stride)   # validates
+    if accelerator is None: rank, world = 0, 1
+    else: rank, world = accelerator.process_index, accelerator.num_processes
+    meta, seqs, wins, mine = _windows_of(tokenizer, documents, window, stride, rank, world)
     model.eval()
-    nlls = score_windows(model, seqs, wins, batch_size, accelerator.device if accelerator else None, progress)
+    device = accelerator.device if accelerator else None
+    nlls = score_windows(model, seqs, wins, batch_size, device, progress)
     local = {i: [0.0, len(seqs[j]) - 1] for j, i in enumerate(mine)}
     for (j, *_), v in zip(wins, nlls): local[mine[j]][0] += v
     rows = sorted(local.items())
     if world > 1:
         from accelerate.utils import gather_object
         rows = sorted(gather_object(rows))
-    overall, subsets, per_doc = BPBResult(), {}, []
-    for i, (nll, ntok) in rows:
-        subset, nb = meta[i]
-        overall.add(nll, ntok, nb); subsets.setdefault(subset, BPBResult()).add(nll, ntok, nb)
-        per_doc.append((subset, nll, ntok, nb))
-    return BPBReport(overall, subsets, window, stride, per_doc)
+    return _report(rows, meta, window, stride)
 
 # %% ../nbs/61_bits_per_byte.ipynb #3cc80c8d
 def load_local_lm(path: str | os.PathLike, device=None):
-    """`(model, tokenizer)` from a local Hugging Face directory (`AutoModelForCausalLM`, `AutoTokenizer`), offline.
-    Raises `FileNotFoundError` when `path` is not a directory with a `config.json`."""
+    """`(model, tokenizer)` from a local Hugging Face directory (`AutoModelForCausalLM`,
+    `AutoTokenizer`), offline. Raises `FileNotFoundError` when `path` is not a directory with a
+    `config.json`."""
     from pathlib import Path
     from transformers import AutoModelForCausalLM, AutoTokenizer
     p = Path(path)
     if not (p/"config.json").is_file():
-        raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json): save one with "
-                                "model.save_pretrained(dir) and tokenizer.save_pretrained(dir), or train the course's "
-                                "model with course_lib.lm.tiny_gpt2()")
+        raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json): "
+                                "save one with model.save_pretrained(dir) and "
+                                "tokenizer.save_pretrained(dir), or train the course's model with "
+                                "course_lib.lm.tiny_gpt2()")
     tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=torch.float32)
     if device is not None: model.to(device)
@@ -250,59 +312,86 @@ def _finite_or_null(x):
     if isinstance(x, (list, tuple)): return [_finite_or_null(v) for v in x]
     return x
 
-def bpb_main(argv: list[str]) -> int:
-    """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
-    [--errors {strict,skip}] [--compressors] [--json]`. Exit 2 for a bad argument, a window longer than
-    the model's context, or no text to score; 1 for a damaged data file. With `--json`, a figure that is
-    undefined (the BPB of a subset whose documents are all empty) is null."""
-    p = argparse.ArgumentParser(prog="course bpb", description="bits per byte of a local causal LM on Pile-format files, per subset")
-    p.add_argument("--model", required=True, help="a local Hugging Face model directory (with its tokenizer)")
+# %% ../nbs/61_bits_per_byte.ipynb #60ed4ae1
+def _bpb_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="course bpb", description="bits per byte of a local causal LM "
+                                "on Pile-format files, per subset")
+    p.add_argument("--model", required=True,
+                   help="a local Hugging Face model directory (with its tokenizer)")
     p.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
-    p.add_argument("--window", type=int, default=None, help="context window in tokens (default: the model's)")
-    p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: disjoint rolling windows)")
+    p.add_argument("--window", type=int, default=None,
+                   help="context window in tokens (default: the model's)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="sliding-window stride (default: disjoint rolling windows)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-docs", type=int, default=None,
                    help="only the first N documents (read no further)")
     p.add_argument("--errors", choices=("strict", "skip"), default="strict",
                    help="skip: skip (and count) bad lines instead of stopping at the first")
-    p.add_argument("--compressors", action="store_true", help="also report gzip/bz2/lzma/zstd BPB per subset")
+    p.add_argument("--compressors", action="store_true",
+                   help="also report gzip/bz2/lzma/zstd BPB per subset")
     p.add_argument("--json", action="store_true")
-    try: a = p.parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
+    return p
+
+def _bad_argument(a) -> str | None:
+    "What is wrong with the arguments `a` (a missing file, a number < 1), or None."
     from pathlib import Path
     missing = [f for f in a.files if not Path(f).exists()]
-    if missing: print(f"course bpb: no such file or folder: {', '.join(missing)}", file=sys.stderr); return 2
+    if missing: return f"no such file or folder: {', '.join(missing)}"
     for k in ("window", "stride", "batch_size", "max_docs"):
         v = getattr(a, k)
-        if v is not None and v < 1: print(f"course bpb: --{k.replace('_', '-')} must be >= 1, got {v}", file=sys.stderr); return 2
+        if v is not None and v < 1: return f"--{k.replace('_', '-')} must be >= 1, got {v}"
+    return None
+
+# %% ../nbs/61_bits_per_byte.ipynb #b86cb11f
+def _score_files(a, model, tok) -> tuple:
+    "`(report, docs)` of the files of `a`. Raises `ValueError` (`PileFormatError` too), `OSError`."
+    window = a.window or model_window(model)
+    try: ctx = model_window(model)
+    except ValueError: ctx = window                     # a model that does not say: trust --window
+    if window > ctx:
+        raise ValueError(f"--window {window} is longer than the model's context ({ctx} tokens)")
+    if a.stride is not None and a.stride > window:
+        raise ValueError(f"--stride {a.stride} > window {window}")
+    with warnings.catch_warnings(record=True) as caught:   # a folder's skipped files, said once
+        warnings.simplefilter("always", UserWarning)
+        records = (r for f in a.files for r in load_corpus(f, a.errors))
+        docs = list(itertools.islice(records, a.max_docs))   # streamed: reads no further
+    for w in caught: print(f"course bpb: {w.message}", file=sys.stderr)
+    rep = bpb(model, tok, docs, window=a.window, stride=a.stride, batch_size=a.batch_size)
+    return rep, docs
+
+# %% ../nbs/61_bits_per_byte.ipynb #10f98644
+def bpb_main(argv: list[str]) -> int:
+    """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
+    [--errors {strict,skip}] [--compressors] [--json]`. Exit 2 for a bad argument, a window longer
+    than the model's context, or no text to score, 1 for a damaged data file. With `--json`, a
+    figure that is undefined (the BPB of a subset whose documents are all empty) is null."""
+    def fail(msg, code):
+        print(f"course bpb: {msg}", file=sys.stderr)
+        return code
+    try: a = _bpb_parser().parse_args(argv)
+    except SystemExit as e: return int(e.code or 0)
+    if (bad := _bad_argument(a)) is not None: return fail(bad, 2)
     try: model, tok = load_local_lm(a.model)
-    except (FileNotFoundError, OSError, ValueError) as e: print(f"course bpb: {e}", file=sys.stderr); return 2
-    try:
-        window = a.window or model_window(model)
-        try: ctx = model_window(model)
-        except ValueError: ctx = window                     # a model that does not say: trust --window
-        if window > ctx: raise ValueError(f"--window {window} is longer than the model's context ({ctx} tokens)")
-        if a.stride is not None and a.stride > window: raise ValueError(f"--stride {a.stride} > window {window}")
-        with warnings.catch_warnings(record=True) as caught:   # a folder's skipped files, said once
-            warnings.simplefilter("always", UserWarning)
-            records = (r for f in a.files for r in load_corpus(f, a.errors))
-            docs = list(itertools.islice(records, a.max_docs))   # streamed: reads no further
-        for w in caught: print(f"course bpb: {w.message}", file=sys.stderr)
-        rep = bpb(model, tok, docs, window=a.window, stride=a.stride, batch_size=a.batch_size)
-    except PileFormatError as e: print(f"course bpb: {e}", file=sys.stderr); return 1   # a corrupt data file
-    except (ValueError, FileNotFoundError) as e:
-        print(f"course bpb: {e}", file=sys.stderr)
-        return 2
+    except (FileNotFoundError, OSError, ValueError) as e: return fail(e, 2)
+    try: rep, docs = _score_files(a, model, tok)
+    except PileFormatError as e: return fail(e, 1)   # a corrupt data file
+    except (ValueError, FileNotFoundError) as e: return fail(e, 2)
     if not rep.overall.bytes:
-        print(f"course bpb: no text to score: {len(docs)} document(s) with 0 bytes of text in "
-              f"{', '.join(a.files)}", file=sys.stderr)
-        return 2
-    out = {"model": str(a.model), "window": rep.window, "stride": rep.stride, "subsets": rep.table()}
-    if a.compressors: out["compressors"] = compressor_table(docs, ("gzip-9", "bz2-9", "lzma-9e", "zstd-19"))
+        return fail(f"no text to score: {len(docs)} document(s) with 0 bytes of text in "
+                    f"{', '.join(a.files)}", 2)
+    out = {"model": str(a.model), "window": rep.window, "stride": rep.stride,
+           "subsets": rep.table()}
+    if a.compressors:
+        out["compressors"] = compressor_table(docs, ("gzip-9", "bz2-9", "lzma-9e", "zstd-19"))
     if a.json:   # a subset whose documents are all empty has no BPB: null (JSON has no NaN)
         print(json.dumps(_finite_or_null(out), indent=1, allow_nan=False))
         return 0
     print(f"model {a.model}, window {rep.window}, stride {rep.stride}")
     print(format_table(rep.table(), floats=".4f"))
-    if a.compressors: print(); print(format_table([{"compressor": m, **v} for m, v in out["compressors"].items()], floats=".3f"))
+    if a.compressors:
+        print()
+        rows = [{"compressor": m, **v} for m, v in out["compressors"].items()]
+        print(format_table(rows, floats=".3f"))
     return 0

@@ -4,37 +4,44 @@
 
 # %% ../nbs/12_digits_classifier.ipynb #accdee16
 from __future__ import annotations
-import hashlib, json, math, time
+import json, math, time
 from dataclasses import dataclass, asdict
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import restore_pretrained, grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint
+from .core import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
+from .core import restore_pretrained
 from .data import Digits, to_float
 
 # %% auto #0
 __all__ = ['CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'ClassifierConfig', 'accuracy',
            'train_digits_classifier', 'load_digits_classifier', 'judge_samples']
 
-# %% ../nbs/12_digits_classifier.ipynb #269a4f6d
+# %% ../nbs/12_digits_classifier.ipynb #c55fdd74
 CLASSIFIER_SIZE = 16   # every input is resized to 16x16 pixels
 N_FEATURES = 128
 
+def _conv_block(ci: int, co: int) -> nn.Sequential:
+    "Two 3x3 convolutions, each with batch norm and ReLU, then 2x2 max-pooling."
+    def conv(i, o):
+        return [nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(inplace=True)]
+    return nn.Sequential(*conv(ci, co), *conv(co, co), nn.MaxPool2d(2))
+
+# %% ../nbs/12_digits_classifier.ipynb #403d13d1
 class DigitsClassifier(nn.Module):
     """A small CNN for the course's handwritten digits.
 
-    `forward(x) -> logits (B, 10)`, `features(x) -> (B, 128)` float32 penultimate activations (after ReLU).
-    `x`: `(B, 1, H, W)` float32 in [-1, 1] with H = W in (8, 16, 32) (any square size works); it is resized to
-    16x16 internally (bilinear, antialiased when shrinking). Raises `ValueError` for another shape."""
-    def __init__(self, width: int = 16, n_features: int = N_FEATURES, n_classes: int = 10, dropout: float = 0.3):
+    `forward(x) -> logits (B, 10)`, `features(x) -> (B, 128)` float32 penultimate activations
+    (after ReLU). `x`: `(B, 1, H, W)` float32 in [-1, 1] with H = W in (8, 16, 32) (any square size
+    works), resized to 16x16 internally (bilinear, antialiased when shrinking). Raises `ValueError`
+    for another shape."""
+    def __init__(self, width: int = 16, n_features: int = N_FEATURES, n_classes: int = 10,
+                 dropout: float = 0.3):
         super().__init__()
-        def block(ci, co):
-            return nn.Sequential(nn.Conv2d(ci, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU(inplace=True),
-                                 nn.Conv2d(co, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU(inplace=True),
-                                 nn.MaxPool2d(2))
-        self.body = nn.Sequential(block(1, width), block(width, 2 * width), nn.Flatten())  # (B, 2w*4*4)
+        self.body = nn.Sequential(_conv_block(1, width), _conv_block(width, 2 * width),
+                                  nn.Flatten())                                   # (B, 2w*4*4)
         self.fc = nn.Sequential(nn.Linear(2 * width * 16, n_features), nn.ReLU(inplace=True))
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(n_features, n_classes))
 
@@ -42,12 +49,13 @@ class DigitsClassifier(nn.Module):
     def prepare(x: torch.Tensor) -> torch.Tensor:
         "Check `(B, 1, H, W)`, convert uint8 to [-1, 1] floats and resize to 16x16."
         if x.ndim != 4 or x.shape[1] != 1 or x.shape[-1] != x.shape[-2]:
-            raise ValueError(f"DigitsClassifier expects (B, 1, H, W) square grey images, got shape {tuple(x.shape)}")
+            raise ValueError(f"DigitsClassifier expects (B, 1, H, W) square grey images, got shape "
+                             f"{tuple(x.shape)}")
         if x.dtype == torch.uint8: x = to_float(x)
         x = x.float()
         if x.shape[-1] != CLASSIFIER_SIZE:
-            x = F.interpolate(x, size=(CLASSIFIER_SIZE, CLASSIFIER_SIZE), mode="bilinear", align_corners=False,
-                              antialias=x.shape[-1] > CLASSIFIER_SIZE)
+            x = F.interpolate(x, size=(CLASSIFIER_SIZE, CLASSIFIER_SIZE), mode="bilinear",
+                              align_corners=False, antialias=x.shape[-1] > CLASSIFIER_SIZE)
         return x
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,8 +69,8 @@ class DigitsClassifier(nn.Module):
 # %% ../nbs/12_digits_classifier.ipynb #d0cc3644
 def augment(x: torch.Tensor, generator: torch.Generator | None = None, max_rot: float = 10.0,
             scale: tuple[float, float] = (0.9, 1.1), max_shift: float = 1.5) -> torch.Tensor:
-    """Random rotation (degrees), scale and shift (pixels) of a batch `x` `(B, C, H, W)` float in [-1, 1];
-    the background (-1) fills the border. Returns the same shape and dtype."""
+    """Random rotation (degrees), scale and shift (pixels) of a batch `x` `(B, C, H, W)` float in
+    [-1, 1], the background (-1) filling the border. Returns the same shape and dtype."""
     B, _, H, W = x.shape
     u = lambda: torch.rand(B, generator=generator)
     th = (u() * 2 - 1) * math.radians(max_rot)
@@ -71,12 +79,14 @@ def augment(x: torch.Tensor, generator: torch.Generator | None = None, max_rot: 
     A = torch.stack([torch.stack([th.cos() / s, -th.sin() / s, tx], 1),
                      torch.stack([th.sin() / s, th.cos() / s, ty], 1)], 1)          # (B, 2, 3)
     grid = F.affine_grid(A.to(x), list(x.shape), align_corners=False)
-    return F.grid_sample(x + 1, grid, mode="bilinear", padding_mode="zeros", align_corners=False) - 1
+    out = F.grid_sample(x + 1, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out - 1
 
-# %% ../nbs/12_digits_classifier.ipynb #1de9fc52
+# %% ../nbs/12_digits_classifier.ipynb #6dbf4bb6
 @dataclass
 class ClassifierConfig:
-    "How the judge is trained: epochs, batch size, peak learning rate, weight decay, label smoothing, width, seed."
+    """How the judge is trained: epochs, batch size, peak learning rate, weight decay, label
+    smoothing, width, seed."""
     epochs: int = 10
     batch_size: int = 64
     lr: float = 3e-3
@@ -85,26 +95,34 @@ class ClassifierConfig:
     width: int = 16
     seed: int = 0
 
+    code_version = 1   # raised when the training code changes what a config trains (not a field)
+
     def key(self) -> str:
-        "A short hash of the configuration (the cache key)."
-        return hashlib.sha1(json.dumps({"v": 1, **asdict(self)}, sort_keys=True).encode()).hexdigest()[:12]
+        "The course-cache key (`cache.cache_key`) of the configuration and `code_version`."
+        from course_lib.cache import cache_key
+        return cache_key("digits_classifier", self, code_version=self.code_version)
 
 @torch.no_grad()
 def accuracy(model: nn.Module, ds=None, batch_size: int = 512) -> float:
     "Top-1 accuracy (fraction in [0, 1]) of `model` on `ds` (default `Digits('valid', size=16)`)."
     ds = ds if ds is not None else Digits("valid", size=16)
-    was = model.training; model.eval()
+    was = model.training
+    model.eval()
     dev = next(model.parameters()).device
-    correct = sum((model(ds.images[i:i + batch_size].to(dev)).argmax(1).cpu() == ds.labels[i:i + batch_size]).sum().item()
+    correct = sum((model(ds.images[i:i + batch_size].to(dev)).argmax(1).cpu()
+                   == ds.labels[i:i + batch_size]).sum().item()
                   for i in range(0, len(ds), batch_size))
     model.train(was)
     return correct / len(ds)
 
+# %% ../nbs/12_digits_classifier.ipynb #083f5365
 @grad_enabled
-def train_digits_classifier(config: ClassifierConfig | None = None, device=None, progress: bool = False) -> DigitsClassifier:
-    """Train a `DigitsClassifier` on `Digits('train', size=16)` with `augment`; returns it in eval mode.
+def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
+                            progress: bool = False) -> DigitsClassifier:
+    """Train a `DigitsClassifier` on `Digits('train', size=16)` with `augment` (in eval mode).
 
-    `model.history` holds `{'loss': [...], 'valid_acc': float}`. Deterministic for a given config on CPU."""
+    `model.history` holds `{'loss': [...], 'valid_acc': float}`. Deterministic for a given config on
+    CPU."""
     from tqdm.auto import tqdm
     cfg = config or ClassifierConfig()
     dev = get_device(device)
@@ -114,7 +132,8 @@ def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
     ds = Digits("train", size=16)
     steps_per_epoch = math.ceil(len(ds) / cfg.batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=cfg.epochs * steps_per_epoch)
+    total = cfg.epochs * steps_per_epoch
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=total)
     losses = []
     for _ in tqdm(range(cfg.epochs), disable=not progress, desc="classifier"):
         perm = torch.randperm(len(ds), generator=gen)
@@ -122,38 +141,48 @@ def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
             idx = perm[i:i + cfg.batch_size]
             x, y = augment(ds.images[idx], gen).to(dev), ds.labels[idx].to(dev)
             loss = F.cross_entropy(model(x), y, label_smoothing=cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
             losses.append(loss.item())
     model.eval()
     model.history = {"loss": losses, "valid_acc": accuracy(model)}
     return model
 
-def load_digits_classifier(device=None, config: ClassifierConfig | None = None, retrain: bool = False,
-                           progress: bool = False) -> DigitsClassifier:
+# %% ../nbs/12_digits_classifier.ipynb #830c82b5
+def load_digits_classifier(device=None, config: ClassifierConfig | None = None,
+                           retrain: bool = False, progress: bool = False) -> DigitsClassifier:
     """The course's digits judge, in eval mode on `device`: loaded from
-    `cache_dir('models', 'digits_classifier')/<config hash>.safetensors`, or trained (about 15 s on 2 CPU cores)
-    and cached if missing. Its validation accuracy is in `model.valid_acc` (0.99 for the default config, measured;
-    at least 0.97 is tested) and its training curve in `model.history`.
-    Guarded with a file lock so concurrent processes train it once."""
+    `cache_dir('models', 'digits_classifier')/<config hash>.safetensors`, or trained (about 15 s on
+    2 CPU cores) and cached if missing. Its validation accuracy is in `model.valid_acc` (at least
+    0.97 is tested) and its training curve in `model.history`. Guarded with a file lock so
+    concurrent processes train it once."""
     from filelock import FileLock
     cfg = config or ClassifierConfig()
     dev = get_device(device)
-    path = cache_dir("models", "digits_classifier") / f"{cfg.key()}.safetensors"
+    from course_lib.cache import check_cached, code_fingerprint, record_cached
+    key, code = cfg.key(), code_fingerprint(train_digits_classifier)
+    path = cache_dir("models", "digits_classifier") / f"{key}.safetensors"
     with FileLock(str(path) + ".lock"):
-        if not retrain: restore_pretrained(path)          # a trained copy shipped with the package, if any
+        if not retrain: restore_pretrained(path)      # a copy shipped with the package, if any
         if path.is_file() and not retrain:
+            check_cached(path, key, code, "load_digits_classifier(config=..., retrain=True)")
             state, meta = load_checkpoint(path)
             model = DigitsClassifier(width=cfg.width)
             model.load_state_dict(state["model"])
-            model.history = {"loss": list(state.get("loss", [])), "valid_acc": float(meta.get("valid_acc", "nan")),
+            model.history = {"loss": list(state.get("loss", [])),
+                             "valid_acc": float(meta.get("valid_acc", "nan")),
                              "seconds": float(meta.get("seconds", "nan"))}
         else:
             t0 = time.time()
             model = train_digits_classifier(cfg, device="cpu", progress=progress)
             model.history["seconds"] = time.time() - t0
-            save_checkpoint(path, {"model": model.state_dict(), "loss": model.history["loss"]},
-                            {"valid_acc": str(model.history["valid_acc"]), "seconds": str(model.history["seconds"]),
+            h = model.history
+            save_checkpoint(path, {"model": model.state_dict(), "loss": h["loss"]},
+                            {"valid_acc": str(h["valid_acc"]), "seconds": str(h["seconds"]),
                              "config": json.dumps(asdict(cfg))})
+            record_cached(path, key, code, source="trained")
         model.valid_acc = model.history["valid_acc"]
     return model.to(dev).eval()
 
@@ -161,20 +190,25 @@ def load_digits_classifier(device=None, config: ClassifierConfig | None = None, 
 _JUDGE = {}
 
 @torch.no_grad()
-def judge_samples(x: torch.Tensor, classifier: DigitsClassifier | None = None, threshold: float = 0.9,
-                  batch_size: int = 512) -> dict:
+def judge_samples(x: torch.Tensor, classifier: DigitsClassifier | None = None,
+                  threshold: float = 0.9, batch_size: int = 512) -> dict:
     """Score generated digits with the course's judge.
 
-    `x`: `(B, 1, H, W)` float in [-1, 1] or uint8 in [0, 255]. Returns `{'confident_rate': fraction of samples
-    whose max softmax probability >= threshold, 'class_shares': list of 10 fractions (share of samples
-    predicted as each digit), 'n': B}`. `classifier` defaults to `load_digits_classifier()` (cached per process).
+    `x`: `(B, 1, H, W)` float in [-1, 1] or uint8 in [0, 255]. Returns `{'confident_rate':
+    fraction of samples whose max softmax probability >= threshold, 'class_shares': list of 10
+    fractions (share of samples predicted as each digit), 'n': B}`. `classifier` defaults to
+    `load_digits_classifier()` (cached per process).
     Raises `ValueError` for an empty batch or a wrong shape."""
-    if x.ndim != 4 or len(x) == 0: raise ValueError(f"judge_samples expects a non-empty (B, 1, H, W) batch, got shape {tuple(x.shape)}")
+    if x.ndim != 4 or len(x) == 0:
+        raise ValueError(f"judge_samples expects a non-empty (B, 1, H, W) batch, got shape "
+                         f"{tuple(x.shape)}")
     if classifier is None:
         classifier = _JUDGE.get("cpu") or _JUDGE.setdefault("cpu", load_digits_classifier("cpu"))
     classifier.eval()
     dev = next(classifier.parameters()).device
-    probs = torch.cat([F.softmax(classifier(x[i:i + batch_size].to(dev)), -1).cpu() for i in range(0, len(x), batch_size)])
+    probs = torch.cat([F.softmax(classifier(x[i:i + batch_size].to(dev)), -1).cpu()
+                       for i in range(0, len(x), batch_size)])
     conf, pred = probs.max(1)
     shares = torch.bincount(pred, minlength=10).double() / len(x)
-    return {"confident_rate": float((conf >= threshold).double().mean()), "class_shares": shares.tolist(), "n": len(x)}
+    return {"confident_rate": float((conf >= threshold).double().mean()),
+            "class_shares": shares.tolist(), "n": len(x)}

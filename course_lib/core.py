@@ -15,12 +15,13 @@ if TYPE_CHECKING: import torch   # for the annotations only (they are strings: s
 
 # %% auto #0
 __all__ = ['seed_everything', 'seed_worker', 'get_device', 'cache_dir', 'artifact_dir', 'pretrained_dir', 'restore_pretrained',
-           'atomic_write', 'save_checkpoint', 'load_checkpoint', 'results_path', 'read_results', 'record', 'in_colab',
-           'network_available', 'OfflineError', 'grad_enabled']
+           'patch_to', 'patch', 'atomic_write', 'save_checkpoint', 'load_checkpoint', 'results_path', 'read_results',
+           'record', 'in_colab', 'network_available', 'OfflineError', 'grad_enabled']
 
 # %% ../nbs/00_core.ipynb #23c45c88
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
-    """Seed Python, NumPy and torch (CPU and all GPUs) and return a `torch.Generator` seeded with `seed`.
+    """Seed Python, NumPy and torch (CPU and all GPUs) and return a `torch.Generator` seeded with
+    `seed`.
 
     `deterministic=True` also asks torch for deterministic kernels (slower on GPU).
     Raises `TypeError` if `seed` is not an int. Pass `worker_init_fn=seed_worker` and the returned
@@ -33,7 +34,8 @@ def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generat
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    if torch.cuda.is_available(): torch.cuda.manual_seed_all(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -42,7 +44,8 @@ def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generat
     return g
 
 def seed_worker(worker_id: int) -> None:
-    "`DataLoader(worker_init_fn=seed_worker)`: seed NumPy and `random` in each worker from torch's per-worker seed."
+    """`DataLoader(worker_init_fn=seed_worker)`: seed NumPy and `random` in each worker from torch's
+    per-worker seed."""
     import torch
     s = torch.initial_seed() % 2**32
     np.random.seed(s)
@@ -50,37 +53,47 @@ def seed_worker(worker_id: int) -> None:
 
 # %% ../nbs/00_core.ipynb #159e7dce
 def get_device(device: str | torch.device | None = None) -> torch.device:
-    """The device to run on: `device` if given, else `$COURSE_LIB_DEVICE`, else cuda, then mps, then cpu.
+    """The device to run on: `device` if given, else `$COURSE_LIB_DEVICE`, else cuda, then mps, then
+    cpu.
 
-    Raises `ValueError` for a device string torch does not understand or a device that is not available."""
+    Raises `ValueError` for a device string torch does not understand or a device that is not
+    available."""
     import torch
     choice = device if device is not None else os.environ.get("COURSE_LIB_DEVICE") or None
     if choice is None:
-        if torch.cuda.is_available(): return torch.device("cuda")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    try: dev = torch.device(choice)
+    try:
+        dev = torch.device(choice)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"unknown device {choice!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {choice!r} requested but CUDA is not available; use 'cpu'")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None)
+                                  and torch.backends.mps.is_available()):
         raise ValueError(f"device {choice!r} requested but MPS is not available; use 'cpu'")
     return dev
 
 # %% ../nbs/00_core.ipynb #6db6b03c
 def cache_dir(*parts: str, create: bool = True) -> Path:
-    "The course cache directory `$COURSE_LIB_HOME` (default `$XDG_CACHE_HOME/course_lib`, i.e. `~/.cache/course_lib`), joined with `parts`."
+    """The course cache directory `$COURSE_LIB_HOME` (default `$XDG_CACHE_HOME/course_lib`, i.e.
+    `~/.cache/course_lib`), joined with `parts`."""
     root = os.environ.get("COURSE_LIB_HOME")
-    if root: base = Path(root).expanduser()
-    else: base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home()/".cache")/"course_lib"
+    if root:
+        base = Path(root).expanduser()
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home()/".cache")/"course_lib"
     p = base.joinpath(*parts)
-    if create: p.mkdir(parents=True, exist_ok=True)
+    if create:
+        p.mkdir(parents=True, exist_ok=True)
     return p
 
 def artifact_dir(*parts: str) -> Path:
-    "Where a notebook writes files worth keeping (figures, exports): `$COURSE_LIB_ARTIFACTS` (set by `course run`), else `cache_dir('artifacts')`."
+    """Where a notebook writes files worth keeping (figures, exports): `$COURSE_LIB_ARTIFACTS` (set
+    by `course run`), else `cache_dir('artifacts')`."""
     root = os.environ.get("COURSE_LIB_ARTIFACTS")
     p = (Path(root) if root else cache_dir("artifacts")).joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
@@ -88,28 +101,64 @@ def artifact_dir(*parts: str) -> Path:
 
 # %% ../nbs/00_core.ipynb #6a76d778
 def pretrained_dir() -> Path:
-    "The folder of the models that ship with the package: `course_lib/pretrained/` (it may be absent)."
+    "The folder of the models that ship with the package: `course_lib/pretrained/` (may be absent)."
     import course_lib
     return Path(course_lib.__file__).parent / "pretrained"
 
 def restore_pretrained(path: str | os.PathLike) -> bool:
     """If the package ships a trained copy of the cached artefact `path` (a file or a folder inside
-    `cache_dir()`, e.g. `cache_dir('models', 'ddpm', key)/'ema.safetensors'`), copy it there atomically and
-    return True; return False when none ships (then the caller trains). An existing `path` is left alone.
-    `COURSE_LIB_NO_PRETRAINED=1` turns shipped models off (every loader then trains)."""
+    `cache_dir()`, e.g. `cache_dir('models', 'ddpm', key)/'ema.safetensors'`), copy it there
+    atomically and return True. Return False when none ships (then the caller trains). An existing
+    `path` is left alone. `COURSE_LIB_NO_PRETRAINED=1` turns shipped models off (every loader then
+    trains)."""
     import shutil
     path = Path(path)
-    if path.exists() or os.environ.get("COURSE_LIB_NO_PRETRAINED", "") not in ("", "0"): return False
-    try: rel = path.resolve().relative_to(cache_dir().resolve())
-    except ValueError: return False                    # not inside the course cache
+    if path.exists() or os.environ.get("COURSE_LIB_NO_PRETRAINED", "") not in ("", "0"):
+        return False
+    try:
+        rel = path.resolve().relative_to(cache_dir().resolve())
+    except ValueError:
+        return False                    # not inside the course cache
     src = pretrained_dir() / rel
-    if not src.exists(): return False
+    if not src.exists():
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.restore")
-    if src.is_dir(): shutil.copytree(src, tmp)
-    else: shutil.copyfile(src, tmp)
+    if src.is_dir():
+        shutil.copytree(src, tmp)
+    else:
+        shutil.copyfile(src, tmp)
     os.replace(tmp, path)
     return True
+
+# %% ../nbs/00_core.ipynb #b9b5a350
+import abc, inspect
+
+def patch_to(cls, cls_method: bool = False):
+    """Decorator that adds the function below it to `cls` as a method (a classmethod with
+    `cls_method=True`), so that a class grows across cells: fastcore's `patch_to`, without the
+    dependency. Returns the function."""
+    def add(f):
+        f.__qualname__ = f"{cls.__name__}.{f.__name__}"
+        setattr(cls, f.__name__, classmethod(f) if cls_method else f)
+        if isinstance(cls, abc.ABCMeta):
+            abc.update_abstractmethods(cls)          # an abstract method is now defined
+        return f
+    return add
+
+def patch(f):
+    """Add `f` as a method to the class its first argument is annotated with: `@patch` over
+    `def sample(self: GaussianMixture, n)` defines `GaussianMixture.sample` (fastcore's `patch`).
+    Returns `f`. Raises `TypeError` when the first argument names no class."""
+    first = next(iter(inspect.signature(f).parameters), None)
+    cls = f.__annotations__.get(first)
+    if isinstance(cls, str):
+        cls = eval(cls, f.__globals__)
+    if not isinstance(cls, type):
+        raise TypeError(f"@patch needs the first argument of {f.__name__} annotated with a class, "
+                        f"got {cls!r}")
+    return patch_to(cls)(f)
+
 
 # %% ../nbs/00_core.ipynb #5a1e7c3d
 _TMP_NAME = re.compile(r"(\d+)@([A-Za-z0-9-]*)\.[A-Za-z0-9_]+\.tmp")   # pid@host.random.tmp
@@ -142,7 +191,7 @@ def _remove_stale_tmps(path: Path) -> list[Path]:
 # %% ../nbs/00_core.ipynb #37c7c0bf
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
-    """Context manager yielding a file object; on success the file appears at `path` atomically.
+    """Context manager yielding a file object: on success the file appears at `path` atomically.
 
     The data goes to `.{name}.{pid}@{host}.{random}.tmp` beside `path`, then `os.replace` puts it
     in place. On an exception the temporary file is removed and any existing file at `path` is
@@ -180,90 +229,122 @@ def _flatten(obj, tensors: dict, prefix: str):
         tensors[key] = obj.detach().to("cpu").contiguous()
         return {_TENSOR: key}
     if isinstance(obj, dict):
-        return {"__dict__": [[k, _flatten(v, tensors, f"{prefix}.{k}" if prefix else str(k))] for k, v in obj.items()]}
+        return {"__dict__": [[k, _flatten(v, tensors, f"{prefix}.{k}" if prefix else str(k))]
+                             for k, v in obj.items()]}
     if isinstance(obj, (list, tuple)):
-        return {"__list__": [_flatten(v, tensors, f"{prefix}.{i}" if prefix else str(i)) for i, v in enumerate(obj)],
+        return {"__list__": [_flatten(v, tensors, f"{prefix}.{i}" if prefix else str(i))
+                             for i, v in enumerate(obj)],
                 "tuple": isinstance(obj, tuple)}
-    if isinstance(obj, (np.integer,)): return int(obj)
-    if isinstance(obj, (np.floating,)): return float(obj)
-    if isinstance(obj, Path): return str(obj)
-    if obj is None or isinstance(obj, (bool, int, float, str)): return obj
-    raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint at {prefix!r}: use tensors, dicts, lists and JSON values")
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint at {prefix!r}: use "
+                    "tensors, dicts, lists and JSON values")
 
 def _unflatten(obj, tensors: dict):
     if isinstance(obj, dict):
-        if _TENSOR in obj: return tensors[obj[_TENSOR]]
-        if "__dict__" in obj: return {k: _unflatten(v, tensors) for k, v in obj["__dict__"]}
+        if _TENSOR in obj:
+            return tensors[obj[_TENSOR]]
+        if "__dict__" in obj:
+            return {k: _unflatten(v, tensors) for k, v in obj["__dict__"]}
         if "__list__" in obj:
             out = [_unflatten(v, tensors) for v in obj["__list__"]]
             return tuple(out) if obj.get("tuple") else out
     return obj
 
-def save_checkpoint(path: str | os.PathLike, state: dict, metadata: dict[str, str] | None = None) -> Path:
-    """Save a nested `state` (dicts/lists of tensors and JSON values, e.g. `{'model': m.state_dict(),
-    'optimizer': opt.state_dict(), 'step': 100}`) to a safetensors file, atomically.
+# %% ../nbs/00_core.ipynb #623f302f
+def save_checkpoint(path: str | os.PathLike, state: dict,
+                    metadata: dict[str, str] | None = None) -> Path:
+    """Save a nested `state` (dicts/lists of tensors and JSON values, e.g.
+    `{'model': m.state_dict(), 'optimizer': opt.state_dict(), 'step': 100}`) to a safetensors file,
+    atomically.
 
-    `metadata`: extra string key/values stored in the safetensors header (readable without loading).
-    Tensors sharing storage are saved as copies. Raises `TypeError` for values that are not tensors or JSON."""
+    `metadata`: extra string key/values stored in the safetensors header (readable without
+    loading). Tensors sharing storage are saved as copies. Raises `TypeError` for values that are
+    not tensors or JSON."""
     from safetensors.torch import save
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _flatten(state, tensors, "")
     # tensors that share memory (tied weights) must be separate for safetensors
     seen, out = set(), {}
     for k, t in tensors.items():
-        ptr = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else None
+        ptr = ((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+               if t.numel() else None)
         out[k] = t.clone() if ptr in seen else t
-        if ptr: seen.add(ptr)
+        if ptr:
+            seen.add(ptr)
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     meta["course_lib.structure"] = json.dumps(skeleton)
     data = save(out, metadata=meta)
-    with atomic_write(path, "wb") as f: f.write(data)
+    with atomic_write(path, "wb") as f:
+        f.write(data)
     return Path(path)
 
-def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[dict, dict[str, str]]:
+# %% ../nbs/00_core.ipynb #3e4ca94d
+def load_checkpoint(path: str | os.PathLike,
+                    device: str | torch.device = "cpu") -> tuple[dict, dict[str, str]]:
     """Load what `save_checkpoint` wrote: returns `(state, metadata)`.
 
-    Raises `FileNotFoundError` if `path` is missing and `ValueError` if it is not a safetensors file."""
+    Raises `FileNotFoundError` if `path` is missing and `ValueError` if it is not a safetensors
+    file."""
     from safetensors.torch import load_file
     from safetensors import safe_open
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no checkpoint at {path}")
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
     try:
-        with safe_open(str(path), framework="pt") as f: meta = dict(f.metadata() or {})
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
         tensors = load_file(str(path), device=str(device))
     except Exception as e:
-        raise ValueError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+        raise ValueError(f"{path} is not a readable safetensors file "
+                         f"({type(e).__name__}: {e})") from e
     skeleton = meta.pop("course_lib.structure", None)
     state = _unflatten(json.loads(skeleton), tensors) if skeleton else tensors
     return state, meta
 
 # %% ../nbs/00_core.ipynb #49ccb8af
 def results_path() -> Path:
-    "The results file `record` writes: `$COURSE_LIB_RESULTS`, else `cache_dir('results')/'results.json'`."
+    """The results file `record` writes: `$COURSE_LIB_RESULTS`, else
+    `cache_dir('results')/'results.json'`."""
     p = os.environ.get("COURSE_LIB_RESULTS")
     return Path(p) if p else cache_dir("results")/"results.json"
 
 def read_results(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     "The recorded figures as `{notebook: {name: value}}` (empty if nothing was recorded)."
     p = Path(path) if path else results_path()
-    if not p.is_file(): return {}
+    if not p.is_file():
+        return {}
     return json.loads(p.read_text())
 
 def record(name: str, value, notebook: str | None = None) -> Any:
-    """Store a headline figure `name` = `value` (a number, string, bool or a list/dict of them) for this notebook.
+    """Store a headline figure `name` = `value` (a number, string, bool or a list/dict of them) for
+    this notebook.
 
-    Written atomically to `results_path()`, under `notebook` (default `$COURSE_LIB_NOTEBOOK`, else 'interactive').
-    Raises `TypeError` for values that are not JSON-serialisable and `ValueError` for an empty name. Returns `value`."""
-    if not isinstance(name, str) or not name.strip(): raise ValueError(f"record needs a non-empty name, got {name!r}")
-    if _is_tensor(value): value = value.item() if value.numel() == 1 else value.tolist()
-    if isinstance(value, np.generic): value = value.item()
-    try: json.dumps(value, allow_nan=True)
-    except TypeError as e: raise TypeError(f"record({name!r}, ...): value {value!r} is not JSON-serialisable") from e
+    Written atomically to `results_path()`, under `notebook` (default `$COURSE_LIB_NOTEBOOK`, else
+    'interactive'). Raises `TypeError` for values that are not JSON-serialisable and `ValueError`
+    for an empty name. Returns `value`."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"record needs a non-empty name, got {name!r}")
+    if _is_tensor(value):
+        value = value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    try:
+        json.dumps(value, allow_nan=True)
+    except TypeError as e:
+        raise TypeError(f"record({name!r}, ...): value {value!r} is not JSON-serialisable") from e
     nb = notebook or os.environ.get("COURSE_LIB_NOTEBOOK") or "interactive"
     p = results_path()
     res = read_results(p)
     res.setdefault(nb, {})[name] = value
-    with atomic_write(p, "w") as f: json.dump(res, f, indent=1, sort_keys=True)
+    with atomic_write(p, "w") as f:
+        json.dump(res, f, indent=1, sort_keys=True)
     return value
 
 # %% ../nbs/00_core.ipynb #1fc04c09
@@ -272,19 +353,23 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules
 
 def network_available(host: str = "huggingface.co", port: int = 443, timeout: float = 2.0) -> bool:
-    "True if a TCP connection to `host:port` opens within `timeout` seconds (used by `course doctor` and offline errors)."
+    """True if a TCP connection to `host:port` opens within `timeout` seconds (used by
+    `course doctor` and offline errors)."""
     try:
-        with socket.create_connection((host, port), timeout=timeout): return True
-    except OSError: return False
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 class OfflineError(RuntimeError):
-    "Raised by a loader that needs the network when it is not reachable; the message names the embedded alternative."
+    """Raised by a loader that needs the network when it is not reachable. The message names the
+    embedded alternative."""
 
 # %% ../nbs/00_core.ipynb #3ca72c3f
 def grad_enabled(fn):
     """Decorator: run `fn` with gradients on, even when it is called inside `torch.no_grad()` or
-    `torch.inference_mode()` (a cached-model loader that trains on a cache miss). The caller's mode is
-    restored afterwards."""
+    `torch.inference_mode()` (a cached-model loader that trains on a cache miss). The caller's mode
+    is restored afterwards."""
     import functools
 
     @functools.wraps(fn)

@@ -25,34 +25,60 @@ __all__ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', '
 DIGITS_SIZES = (8, 16, 32)
 
 def _check_choice(name, value, choices):
-    if value not in choices: raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not supported: choose one of {list(choices)}")
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    "All 1,797 scikit-learn digits as `(images (1797, 8, 8) uint8 in [0, 255], labels (1797,) int64)`."
+    """All 1,797 scikit-learn digits as `(images, labels)`: images (1797, 8, 8) uint8 in [0, 255],
+    labels (1797,) int64."""
     from sklearn.datasets import load_digits
     d = load_digits()
     x = np.rint(d.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
     return x, d.target.astype(np.int64)
 
 def resize_uint8(x: torch.Tensor, size: int) -> torch.Tensor:
-    "Resize `(N, C, H, W)` uint8 images to `size` x `size` (bilinear, antialiased); returns uint8."
+    "Resize `(N, C, H, W)` uint8 images to `size` x `size` (bilinear, antialiased), as uint8."
     if x.shape[-1] == size and x.shape[-2] == size: return x
-    y = F.interpolate(x.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    y = F.interpolate(x.float(), size=(size, size), mode="bilinear", antialias=True,
+                      align_corners=False)
     return y.round().clamp(0, 255).to(torch.uint8)
 
-def split_indices(labels: np.ndarray, valid_frac: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+
+# %% ../nbs/01_data.ipynb #010fafa7
+def split_indices(labels: np.ndarray, valid_frac: float = 0.2,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A stratified, seeded split of `range(len(labels))` into `(train_idx, valid_idx)`: about
     `valid_frac` of each class goes to validation, but every class keeps at least one training image
     (a class of one image is all training, so it has no validation image)."""
-    if not 0 < valid_frac < 1: raise ValueError(f"valid_frac must be in (0, 1), got {valid_frac!r}")
+    if not 0 < valid_frac < 1:
+        raise ValueError(f"valid_frac must be in (0, 1), got {valid_frac!r}")
     rng = np.random.default_rng(seed)
     tr, va = [], []
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
         rng.shuffle(idx)
         n_va = min(int(round(len(idx) * valid_frac)), len(idx) - 1)
-        va.append(idx[:n_va]); tr.append(idx[n_va:])
+        va.append(idx[:n_va])
+        tr.append(idx[n_va:])
     return np.sort(np.concatenate(tr)), np.sort(np.concatenate(va))
+
+
+# %% ../nbs/01_data.ipynb #3357d93a
+def _select_digits(split: str, classes, valid_frac: float, seed: int):
+    "The digits' `(x, y)` arrays of one split, keeping only `classes` (digits 0-9) when given."
+    x, y = digits_arrays()
+    if split != "all":
+        tr, va = split_indices(y, valid_frac, seed)
+        idx = tr if split == "train" else va
+        x, y = x[idx], y[idx]
+    if classes is not None:
+        classes = [int(c) for c in classes]
+        bad = [c for c in classes if c not in range(10)]
+        if bad: raise ValueError(f"classes must be digits 0-9, got {bad}")
+        keep = np.isin(y, classes)
+        x, y = x[keep], y[keep]
+    return x, y
+
 
 # %% ../nbs/01_data.ipynb #dcbffef7
 class Digits(Dataset):
@@ -61,29 +87,19 @@ class Digits(Dataset):
     - `split`: 'train' (80%), 'valid' (20%, stratified, fixed by `seed`) or 'all' (1,797 images).
     - `size`: 8 (native), 16 or 32 (bilinear resize with antialiasing).
     - `channels`: 1, or 3 (grey repeated, for models and metrics that want RGB).
-    - `dtype`: 'float' gives float32 in [-1, 1]; 'uint8' gives uint8 in [0, 255].
+    - `dtype`: 'float' gives float32 in [-1, 1], 'uint8' gives uint8 in [0, 255].
     - `classes`: keep only these digit classes (labels are kept as the original digits 0-9).
 
-    `x`: `(channels, size, size)`; `y`: int64 scalar. `self.images` holds all images as one tensor
-    `(N, channels, size, size)` and `self.labels` `(N,)`. Raises `ValueError` for unsupported values.
-    Source: UCI ML hand-written digits (Alpaydin & Kaynak 1998), bundled with scikit-learn."""
+    `x` is `(channels, size, size)` and `y` an int64 scalar. `self.images` holds all images as one
+    tensor `(N, channels, size, size)` and `self.labels` `(N,)`. Raises `ValueError` for unsupported
+    values. Source: UCI ML hand-written digits (Alpaydin & Kaynak 1998), in scikit-learn."""
     def __init__(self, split: str = "train", size: int = 8, channels: int = 1, dtype: str = "float",
                  classes: Sequence[int] | None = None, valid_frac: float = 0.2, seed: int = 0):
         _check_choice("split", split, ("train", "valid", "all"))
         _check_choice("size", size, DIGITS_SIZES)
         _check_choice("channels", channels, (1, 3))
         _check_choice("dtype", dtype, ("float", "uint8"))
-        x, y = digits_arrays()
-        if split != "all":
-            tr, va = split_indices(y, valid_frac, seed)
-            idx = tr if split == "train" else va
-            x, y = x[idx], y[idx]
-        if classes is not None:
-            classes = [int(c) for c in classes]
-            bad = [c for c in classes if c not in range(10)]
-            if bad: raise ValueError(f"classes must be digits 0-9, got {bad}")
-            keep = np.isin(y, classes)
-            x, y = x[keep], y[keep]
+        x, y = _select_digits(split, classes, valid_frac, seed)
         imgs = resize_uint8(torch.from_numpy(x)[:, None], size)
         if channels == 3: imgs = imgs.repeat(1, 3, 1, 1)
         self.images = to_float(imgs) if dtype == "float" else imgs
@@ -93,7 +109,9 @@ class Digits(Dataset):
     def __len__(self): return len(self.labels)
     def __getitem__(self, i): return self.images[i], self.labels[i]
     def __repr__(self):
-        return f"Digits(split={self.split!r}, n={len(self)}, size={self.size}, channels={self.channels}, dtype={self.dtype!r})"
+        return (f"Digits(split={self.split!r}, n={len(self)}, size={self.size}, "
+                f"channels={self.channels}, dtype={self.dtype!r})")
+
 
 # %% ../nbs/01_data.ipynb #59542dce
 def to_float(x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +120,8 @@ def to_float(x: torch.Tensor) -> torch.Tensor:
     return x.float() / 127.5 - 1.0
 
 def to_uint8(x: torch.Tensor) -> torch.Tensor:
-    "float images in [-1, 1] -> uint8 in [0, 255] (clamped, rounded; any shape). uint8 input is returned as is."
+    """float images in [-1, 1] -> uint8 in [0, 255] (clamped, rounded, any shape). uint8 input is
+    returned as is."""
     if x.dtype == torch.uint8: return x
     return ((x.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
@@ -111,7 +130,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".
 
 @dataclass
 class FolderReport:
-    "What `scan_image_folder` found: the usable files and the skipped ones with the reason for each."
+    "What `scan_image_folder` found: the usable files, and the skipped ones with the reasons."
     ok: list[Path] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     def __repr__(self):
@@ -119,14 +138,21 @@ class FolderReport:
         lines += [f"  skipped {p.name}: {why}" for p, why in self.skipped]
         return "\n".join(lines)
 
+
+# %% ../nbs/01_data.ipynb #bfaa2e3d
+_16BIT = ("I;16", "I;16B", "I;16L", "I")   # PIL's modes of 16- and 32-bit grey images
+
 def open_image(path: str | os.PathLike, mode: str = "RGB", alpha: str = "white"):
-    """Open an image file fully (so truncation is detected now), apply its EXIF orientation and convert
-    it to `mode` ('RGB' or 'L'). Palette, RGBA/LA, CMYK and 16-bit images are converted. `alpha`: what a
-    transparent image becomes: 'white' (composited on white, as it looks on a page: the course's training
-    data) or 'drop' (the alpha channel ignored, as PIL's `convert('RGB')` in torch-fidelity, pytorch-fid and
-    clean-fid does: use it for metrics). Raises `ValueError` naming the file and the reason when it cannot
-    be read, or for another `alpha`."""
-    if alpha not in ("white", "drop"): raise ValueError(f"alpha must be 'white' or 'drop', got {alpha!r}")
+    """Open an image file fully (so truncation is detected now), apply its EXIF orientation and
+    convert it to `mode` ('RGB' or 'L'). Palette, RGBA/LA, CMYK and 16-bit images are converted.
+
+    `alpha` says what a transparent image becomes: 'white' (composited on white, as it looks on a
+    page: the course's training data) or 'drop' (the alpha channel ignored, as PIL's
+    `convert('RGB')` in torch-fidelity, pytorch-fid and clean-fid does: use it for metrics).
+    Raises `ValueError` naming the file and the reason when it cannot be read, or for another
+    `alpha`."""
+    if alpha not in ("white", "drop"):
+        raise ValueError(f"alpha must be 'white' or 'drop', got {alpha!r}")
     from PIL import Image, ImageOps, UnidentifiedImageError
     path = Path(path)
     try:
@@ -134,7 +160,7 @@ def open_image(path: str | os.PathLike, mode: str = "RGB", alpha: str = "white")
         with Image.open(path) as im:
             im.load()
             im = ImageOps.exif_transpose(im)
-            if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+            if im.mode in _16BIT:
                 a = np.asarray(im, dtype=np.float64)
                 hi = 65535.0 if a.max() > 255 else 255.0
                 im = Image.fromarray(np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
@@ -150,27 +176,37 @@ def open_image(path: str | os.PathLike, mode: str = "RGB", alpha: str = "white")
     except (OSError, SyntaxError) as e:
         raise ValueError(f"{path}: unreadable image ({e})") from None
 
-def scan_image_folder(folder: str | os.PathLike, recursive: bool = True, min_size: int = 1) -> FolderReport:
-    """Check every file under `folder`: images that open fully and are at least `min_size` pixels on their
-    short side are `ok`; everything else is in `skipped` with the reason (non-image extension, zero bytes,
-    corrupt or truncated data, too small). Hidden files are ignored.
-    Raises `FileNotFoundError` if `folder` does not exist and `NotADirectoryError` if it is a file."""
+
+# %% ../nbs/01_data.ipynb #6e8d3fc6
+def _skip_reason(p: Path, min_size: int) -> str | None:
+    "Why file `p` is no usable image (its extension, the reading error, its size), or None."
+    if p.suffix.lower() not in IMAGE_EXTENSIONS:
+        return f"not an image extension ({p.suffix or 'none'})"
+    try:
+        im = open_image(p)
+    except ValueError as e:
+        return str(e).split(": ", 1)[-1]
+    if min(im.size) < min_size: return f"too small: {im.size[0]}x{im.size[1]} < {min_size} pixels"
+    return None
+
+def scan_image_folder(folder: str | os.PathLike, recursive: bool = True,
+                      min_size: int = 1) -> FolderReport:
+    """Check every file under `folder`: images that open fully and are at least `min_size` pixels
+    on their short side are `ok`, everything else is in `skipped` with the reason (non-image
+    extension, zero bytes, corrupt or truncated data, too small). Hidden files are ignored.
+    Raises `FileNotFoundError` if `folder` does not exist, `NotADirectoryError` if it is a file."""
     folder = Path(folder)
     if not folder.exists(): raise FileNotFoundError(f"image folder {folder} does not exist")
     if not folder.is_dir(): raise NotADirectoryError(f"{folder} is a file, not a folder of images")
-    files = sorted(p for p in (folder.rglob("*") if recursive else folder.iterdir())
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    hidden = lambda p: any(part.startswith(".") for part in p.relative_to(folder).parts)
+    found = folder.rglob("*") if recursive else folder.iterdir()
     rep = FolderReport()
-    for p in files:
-        if p.suffix.lower() not in IMAGE_EXTENSIONS:
-            rep.skipped.append((p, f"not an image extension ({p.suffix or 'none'})")); continue
-        try: im = open_image(p)
-        except ValueError as e:
-            rep.skipped.append((p, str(e).split(": ", 1)[-1])); continue
-        if min(im.size) < min_size:
-            rep.skipped.append((p, f"too small: {im.size[0]}x{im.size[1]} < {min_size} pixels")); continue
-        rep.ok.append(p)
+    for p in sorted(p for p in found if p.is_file() and not hidden(p)):
+        why = _skip_reason(p, min_size)
+        if why: rep.skipped.append((p, why))
+        else: rep.ok.append(p)
     return rep
+
 
 # %% ../nbs/01_data.ipynb #acbc0fa6
 TRAIN_SPLITS = ("train", "training")
@@ -179,10 +215,12 @@ TEST_SPLITS = ("test", "testing")
 
 def split_folders(root: str | os.PathLike) -> dict[str, Path] | None:
     """The splits of an image folder laid out as `root/SPLIT/CLASS/image`, named as timm's
-    `create_dataset` looks for them (`TRAIN_SPLITS`, `VALID_SPLITS`; `TEST_SPLITS`), any case:
-    `{'train': Path, 'valid': Path, 'test': Path}` for those present; None when no sub-folder has
-    a split name. `ValueError` naming the folders for split folders beside others (`train/` and
-    `cat/`), two folders for one split (`val/` and `valid/`), or no training split."""
+    `create_dataset` looks for them (`TRAIN_SPLITS`, `VALID_SPLITS`, and `TEST_SPLITS`), any case.
+
+    Returns `{'train': Path, 'valid': Path, 'test': Path}` for those present, or None when no
+    sub-folder has a split name. Raises `ValueError` naming the folders for split folders beside
+    others (`train/` and `cat/`), two folders for one split (`val/` and `valid/`), or no training
+    split."""
     root = Path(root)
     kinds = {"train": TRAIN_SPLITS, "valid": VALID_SPLITS, "test": TEST_SPLITS}
     subs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -204,6 +242,8 @@ def split_folders(root: str | os.PathLike) -> dict[str, Path] | None:
                          f"add {root}/train/CLASS/ (or one of {list(TRAIN_SPLITS)})")
     return {k: root / v[0] for k, v in found.items()}
 
+
+# %% ../nbs/01_data.ipynb #60d9d88b
 def _refuse_split_layout(folder: Path):
     "Raise `ValueError` when `folder` is split (`split_folders`): its classes are one level down."
     try: splits = split_folders(folder)
@@ -213,78 +253,99 @@ def _refuse_split_layout(folder: Path):
                          "CLASS/image), not one folder per class: load each split on its own, e.g. "
                          f"ImageFolder({str(splits['train'])!r}, labels='subfolder')")
 
+# %% ../nbs/01_data.ipynb #ec0c2b6c
+def _subfolder_labels(folder: Path, files: list[Path]) -> tuple[list[str], list[int]]:
+    "The classes (sorted sub-folder names, '.' for files at the top) and each file's class index."
+    names = [p.relative_to(folder).parts[0] if len(p.relative_to(folder).parts) > 1 else "."
+             for p in files]
+    classes = sorted(set(names))
+    return classes, [classes.index(n) for n in names]
+
+def _load_fitted(path: Path, size: int, channels: int) -> torch.Tensor:
+    "The image at `path` resized on its short side, centre-cropped: `(channels, size, size)` uint8."
+    from PIL import ImageOps
+    im = ImageOps.fit(open_image(path, "RGB" if channels == 3 else "L"), (size, size))
+    a = torch.from_numpy(np.array(im, dtype=np.uint8))
+    return a.permute(2, 0, 1).contiguous() if a.ndim == 3 else a[None]
+
+
 # %% ../nbs/01_data.ipynb #bdc693a2
 class ImageFolder(Dataset):
     """Images from a folder (png/jpg/webp/bmp/gif/tiff), checked with `scan_image_folder`.
 
-    Each item is `x` (or `(x, y)` when `labels='subfolder'`): `(channels, size, size)` float32 in [-1, 1]
-    or uint8, resized on the short side then centre-cropped. `self.report` lists the skipped files;
-    a warning names how many were skipped. `ValueError` if no usable image is found (naming the
-    folder and the reasons) or for a split folder with `labels='subfolder'` (`split_folders`);
-    `FileNotFoundError` for a missing folder."""
-    def __init__(self, folder: str | os.PathLike, size: int = 32, channels: int = 3, dtype: str = "float",
-                 labels: str | None = None, recursive: bool = True):
+    Each item is `x`, or `(x, y)` when `labels='subfolder'`: `(channels, size, size)` float32 in
+    [-1, 1] or uint8, resized on the short side then centre-cropped. `self.report` lists the skipped
+    files, and a warning names how many were skipped. Raises `ValueError` if no usable image is
+    found (naming the folder and the reasons) or for a split folder with `labels='subfolder'`
+    (`split_folders`), and `FileNotFoundError` for a missing folder."""
+    def __init__(self, folder: str | os.PathLike, size: int = 32, channels: int = 3,
+                 dtype: str = "float", labels: str | None = None, recursive: bool = True):
         _check_choice("channels", channels, (1, 3))
         _check_choice("dtype", dtype, ("float", "uint8"))
         _check_choice("labels", labels, (None, "subfolder"))
-        if not isinstance(size, int) or size < 1: raise ValueError(f"size must be a positive int, got {size!r}")
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive int, got {size!r}")
         self.folder, self.size, self.channels, self.dtype = Path(folder), size, channels, dtype
         if labels == "subfolder" and self.folder.is_dir(): _refuse_split_layout(self.folder)
-        self.report = scan_image_folder(folder, recursive=recursive)
-        if not self.report.ok:
-            raise ValueError(f"no usable images in {self.folder} ({len(self.report.skipped)} files skipped)\n{self.report!r}")
-        if self.report.skipped:
-            warnings.warn(f"{len(self.report.skipped)} file(s) in {self.folder} skipped: " +
-                          "; ".join(f"{p.name} ({why})" for p, why in self.report.skipped[:5]), stacklevel=2)
-        self.files = self.report.ok
-        if labels == "subfolder":
-            names = [p.relative_to(self.folder).parts[0] if len(p.relative_to(self.folder).parts) > 1 else "." for p in self.files]
-            self.classes = sorted(set(names))
-            self.targets = [self.classes.index(n) for n in names]
-        else: self.classes, self.targets = None, None
+        self.report = rep = scan_image_folder(folder, recursive=recursive)
+        if not rep.ok:
+            raise ValueError(f"no usable images in {self.folder} ({len(rep.skipped)} files "
+                             f"skipped)\n{rep!r}")
+        if rep.skipped:
+            shown = "; ".join(f"{p.name} ({why})" for p, why in rep.skipped[:5])
+            warnings.warn(f"{len(rep.skipped)} file(s) in {self.folder} skipped: {shown}",
+                          stacklevel=2)
+        self.files = rep.ok
+        labelled = _subfolder_labels(self.folder, self.files) if labels == "subfolder" else None
+        self.classes, self.targets = labelled or (None, None)
 
     def __len__(self): return len(self.files)
+
     def load(self, i: int) -> torch.Tensor:
         "Image `i` as `(channels, size, size)` uint8."
-        from PIL import ImageOps
-        im = open_image(self.files[i], "RGB" if self.channels == 3 else "L")
-        im = ImageOps.fit(im, (self.size, self.size))
-        a = torch.from_numpy(np.array(im, dtype=np.uint8))
-        return a.permute(2, 0, 1).contiguous() if a.ndim == 3 else a[None]
+        return _load_fitted(self.files[i], self.size, self.channels)
     def __getitem__(self, i):
         x = self.load(i)
         if self.dtype == "float": x = to_float(x)
         return (x, self.targets[i]) if self.targets is not None else x
 
+
 # %% ../nbs/01_data.ipynb #28f1e27f
 _TV = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
+_USE_DIGITS = "use the embedded real digits: course_lib.data.Digits(split='train', size=32)"
 
-def load_torchvision(name: str, train: bool = True, root: str | os.PathLike | None = None, download: bool = True):
-    """MNIST / Fashion-MNIST / CIFAR-10 via torchvision (`name` in 'mnist', 'fashion_mnist', 'cifar10'),
-    stored under `cache_dir('datasets')`. Items are `(PIL image, label)` as torchvision gives them.
+def load_torchvision(name: str, train: bool = True, root: str | os.PathLike | None = None,
+                     download: bool = True):
+    """MNIST, Fashion-MNIST or CIFAR-10 via torchvision (`name` is 'mnist', 'fashion_mnist' or
+    'cifar10'), stored under `cache_dir('datasets')`. Items are `(PIL image, label)` as torchvision
+    gives them.
 
-    Raises `ValueError` for an unknown name, and `OfflineError` when the files are not cached and cannot be
-    downloaded, naming the embedded alternative `course_lib.data.Digits`."""
+    Raises `ValueError` for an unknown name, and `OfflineError` when the files are not cached and
+    cannot be downloaded, naming the embedded alternative `course_lib.data.Digits`."""
     import torchvision
-    if name not in _TV: raise ValueError(f"unknown data set {name!r}; choose one of {sorted(_TV)}")
+    if name not in _TV: raise ValueError(f"unknown data set {name!r}: choose one of {sorted(_TV)}")
     root = Path(root) if root else cache_dir("datasets")
     cls = getattr(torchvision.datasets, _TV[name])
-    try: return cls(str(root), train=train, download=False)
-    except (RuntimeError, FileNotFoundError): pass
+    try:
+        return cls(str(root), train=train, download=False)
+    except (RuntimeError, FileNotFoundError):
+        pass
     if not download:
-        raise OfflineError(f"{_TV[name]} is not in {root} and download=False. Offline, use the embedded real digits: "
-                           "course_lib.data.Digits(split='train', size=32)")
-    try: return cls(str(root), train=train, download=True)
+        raise OfflineError(f"{_TV[name]} is not in {root} and download=False. "
+                           f"Offline, {_USE_DIGITS}")
+    try:
+        return cls(str(root), train=train, download=True)
     except Exception as e:
-        raise OfflineError(f"could not download {_TV[name]} ({type(e).__name__}: {str(e)[:200]}). The network looks "
-                           "unreachable; use the embedded real digits instead: course_lib.data.Digits(split='train', size=32)") from None
+        raise OfflineError(f"could not download {_TV[name]} ({type(e).__name__}: {str(e)[:200]}). "
+                           f"The network looks unreachable, so {_USE_DIGITS}") from None
 
 def load_mnist(train: bool = True, **kw):
-    "MNIST (LeCun et al. 1998) via torchvision; `OfflineError` naming `Digits` when offline."
+    "MNIST (LeCun et al. 1998) via torchvision, `OfflineError` naming `Digits` when offline."
     return load_torchvision("mnist", train, **kw)
 def load_fashion_mnist(train: bool = True, **kw):
-    "Fashion-MNIST (Xiao et al. 2017) via torchvision; `OfflineError` naming `Digits` when offline."
+    "Fashion-MNIST (Xiao et al. 2017) via torchvision, `OfflineError` naming `Digits` when offline."
     return load_torchvision("fashion_mnist", train, **kw)
 def load_cifar10(train: bool = True, **kw):
-    "CIFAR-10 (Krizhevsky 2009) via torchvision; `OfflineError` naming `Digits` when offline."
+    "CIFAR-10 (Krizhevsky 2009) via torchvision, `OfflineError` naming `Digits` when offline."
     return load_torchvision("cifar10", train, **kw)
+

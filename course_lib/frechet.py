@@ -16,32 +16,43 @@ __all__ = ['FD_METHODS', 'FewSamplesWarning', 'check_features', 'feature_statist
 
 # %% ../nbs/30_frechet_distance.ipynb #e7d1c78f
 class FewSamplesWarning(UserWarning):
-    "Fewer samples than feature dimensions: the sample covariance is rank-deficient and FID is biased upward."
+    """Fewer samples than feature dimensions: the sample covariance is rank-deficient and FID is
+    biased upward."""
 
 def check_features(features, name: str = "features", warn_rank: bool = True) -> np.ndarray:
     """`features`: `(N, D)` array or tensor (any real dtype) -> float64 NumPy array `(N, D)`.
 
-    Raises `ValueError` if it is not 2-D, has fewer than 2 rows, or holds NaN/inf values (naming how many
-    and where). Warns `FewSamplesWarning` when N < D (naming both numbers) if `warn_rank`."""
+    Raises `ValueError` if it is not 2-D, has fewer than 2 rows, or holds NaN/inf values (naming how
+    many and where). Warns `FewSamplesWarning` when N < D (naming both numbers) if `warn_rank`."""
     if isinstance(features, torch.Tensor): features = features.detach().cpu().double().numpy()
     f = np.asarray(features, dtype=np.float64)
     if f.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D (N, D) array of features, got shape {tuple(f.shape)}")
+        raise ValueError(
+            f"{name}: expected a 2-D (N, D) array of features, got shape {tuple(f.shape)}"
+        )
     n, d = f.shape
     if n < 2:
-        raise ValueError(f"{name}: {n} sample(s); a covariance needs at least 2 (FID needs thousands: 10x the feature dimension {d})")
+        raise ValueError(
+            f"{name}: {n} sample(s); a covariance needs at least 2 (FID needs thousands: 10x the"
+            f" feature dimension {d})")
     bad = ~np.isfinite(f)
     if bad.any():
         rows = np.flatnonzero(bad.any(axis=1))
-        raise ValueError(f"{name}: {int(bad.sum())} NaN/inf value(s) in {len(rows)} sample(s) (first rows {rows[:5].tolist()}); "
-                         "check the images and the feature extractor (a diverged model gives NaN images)")
+        raise ValueError(
+            f"{name}: {int(bad.sum())} NaN/inf value(s) in {len(rows)} sample(s) (first rows"
+            f" {rows[:5].tolist()}); check the images and the feature extractor (a diverged model"
+            " gives NaN images)")
     if warn_rank and n < d:
-        warnings.warn(f"{name}: {n} samples for {d} feature dimensions: the covariance has rank at most {n - 1} < {d}, "
-                      f"so FID is unreliable; use at least {d} samples (ideally 10x as many)", FewSamplesWarning, stacklevel=2)
+        warnings.warn(
+            f"{name}: {n} samples for {d} feature dimensions: the covariance has rank at most"
+            f" {n - 1} < {d}, so FID is unreliable; use at least {d} samples (ideally 10x as many)",
+            FewSamplesWarning, stacklevel=2)
     return f
 
+# %% ../nbs/30_frechet_distance.ipynb #80148ab0
 def feature_statistics(features, name: str = "features") -> tuple[np.ndarray, np.ndarray]:
-    """Mean `(D,)` and unbiased covariance `(D, D)` (divisor N-1, as `np.cov`) of `(N, D)` features, in float64.
+    """Mean `(D,)` and unbiased covariance `(D, D)` (divisor N-1, as `np.cov`) of `(N, D)` features,
+    in float64.
 
     Raises/warns as `check_features`."""
     f = check_features(features, name)
@@ -51,11 +62,12 @@ def feature_statistics(features, name: str = "features") -> tuple[np.ndarray, np
 FD_METHODS = ("symmetric", "eigvals", "sqrtm")
 
 def trace_sqrt_product(sigma1, sigma2, method: str = "symmetric") -> float:
-    """$\\operatorname{tr}(\\Sigma_1\\Sigma_2)^{1/2}$ for symmetric PSD `(D, D)` matrices, in float64.
+    """$\\operatorname{tr}(\\Sigma_1\\Sigma_2)^{1/2}$ for symmetric PSD `(D, D)` matrices, in
+    float64.
 
-    `method`: 'symmetric' (Cholesky of sigma1, or its eigendecomposition when singular, then `eigvalsh`),
-    'eigvals' (torch-fidelity 0.4: complex square roots of the eigenvalues of sigma1 @ sigma2) or
-    'sqrtm' (TTUR / pytorch-fid: trace of `scipy.linalg.sqrtm(sigma1 @ sigma2)`)."""
+    `method`: 'symmetric' (Cholesky of sigma1, or its eigendecomposition when singular, then
+    `eigvalsh`), 'eigvals' (torch-fidelity 0.4: complex square roots of the eigenvalues of sigma1 @
+    sigma2) or 'sqrtm' (TTUR / pytorch-fid: trace of `scipy.linalg.sqrtm(sigma1 @ sigma2)`)."""
     s1, s2 = np.asarray(sigma1, np.float64), np.asarray(sigma2, np.float64)
     if method == "eigvals":
         return float(np.sum(np.sqrt(np.linalg.eigvals(s1 @ s2).astype(np.complex128)).real))
@@ -68,59 +80,76 @@ def trace_sqrt_product(sigma1, sigma2, method: str = "symmetric") -> float:
         M = L.T @ s2 @ L
     except np.linalg.LinAlgError:                        # singular s1: s1 = U diag(w) U^T
         w, U = np.linalg.eigh(s1)
-        w[w < len(w) * np.finfo(np.float64).eps * max(w.max(), 0.0)] = 0.0   # exact zeros for the null space
+        # exact zeros for the null space
+        w[w < len(w) * np.finfo(np.float64).eps * max(w.max(), 0.0)] = 0.0
         R = U * np.sqrt(w)
         M = R.T @ s2 @ R
-    lam = np.linalg.eigvalsh((M + M.T) / 2)              # eigenvalues of s1 @ s2, real and >= 0 up to rounding
+    # eigenvalues of s1 @ s2, real and >= 0 up to rounding
+    lam = np.linalg.eigvalsh((M + M.T) / 2)
     return float(np.sqrt(np.clip(lam, 0, None)).sum())
 
 # %% ../nbs/30_frechet_distance.ipynb #c6a0eae7
 def frechet_distance(mu1, sigma1, mu2, sigma2, method: str = "symmetric") -> float:
     """Squared Fréchet (2-Wasserstein) distance between N(mu1, sigma1) and N(mu2, sigma2):
-    $\\lVert\\mu_1-\\mu_2\\rVert^2 + \\operatorname{tr}(\\Sigma_1+\\Sigma_2-2(\\Sigma_1\\Sigma_2)^{1/2})$, in float64.
+    $\\lVert\\mu_1-\\mu_2\\rVert^2 +
+    \\operatorname{tr}(\\Sigma_1+\\Sigma_2-2(\\Sigma_1\\Sigma_2)^{1/2})$, in float64.
 
-    `mu1, mu2`: `(D,)`; `sigma1, sigma2`: `(D, D)` symmetric PSD. `method`: see `trace_sqrt_product`.
-    Source: Dowson & Landau (1982); FID: Heusel et al. (2017), eq. 6. The 'eigvals' method mirrors
-    `torch_fidelity.metric_fid.fid_statistics_to_metric` (0.4). The result can be slightly negative
-    (about -1e-10 relative) for identical statistics; it is returned as computed, not clipped.
-    Raises `ValueError` for mismatched shapes or non-finite values."""
-    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
-    s1, s2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
+    `mu1, mu2`: `(D,)`. `sigma1, sigma2`: `(D, D)` symmetric PSD. `method`: see
+    `trace_sqrt_product`. Source: Dowson & Landau (1982). FID: Heusel et al. (2017), eq. 6. The
+    'eigvals' method mirrors `torch_fidelity.metric_fid.fid_statistics_to_metric` (0.4). The result
+    can be slightly negative (about -1e-10 relative) for identical statistics. It is returned as
+    computed, not clipped. Raises `ValueError` for mismatched shapes or non-finite values."""
+    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(
+        np.asarray(mu2, np.float64)
+    )
+    s1, s2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(
+        np.asarray(sigma2, np.float64)
+    )
     d = mu1.shape[0]
     if mu1.shape != (d,) or mu2.shape != (d,) or s1.shape != (d, d) or s2.shape != (d, d):
-        raise ValueError(f"shapes do not match: mu1 {mu1.shape}, sigma1 {s1.shape}, mu2 {mu2.shape}, sigma2 {s2.shape}; "
-                         "expected (D,), (D, D), (D,), (D, D) with the same D (same feature extractor and layer)")
+        raise ValueError(
+            f"shapes do not match: mu1 {mu1.shape}, sigma1 {s1.shape}, mu2 {mu2.shape}, sigma2"
+            f" {s2.shape}; expected (D,), (D, D), (D,), (D, D) with the same D (same feature"
+            " extractor and layer)")
     for n, a in (("mu1", mu1), ("sigma1", s1), ("mu2", mu2), ("sigma2", s2)):
-        if not np.isfinite(a).all(): raise ValueError(f"{n} holds NaN/inf values: the features it came from are broken")
+        if not np.isfinite(a).all():
+            raise ValueError(f"{n} holds NaN/inf values: the features it came from are broken")
     diff = mu1 - mu2
     return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * trace_sqrt_product(s1, s2, method))
 
+# %% ../nbs/30_frechet_distance.ipynb #caf85aa8
 def fid_from_features(features1, features2, method: str = "symmetric") -> float:
     """FID between two sets of features `(N1, D)` and `(N2, D)` (arrays or tensors), in float64.
 
-    Statistics as `feature_statistics` (mean, covariance with N-1); distance as `frechet_distance`.
-    Raises `ValueError` for fewer than 2 samples, NaN/inf features or different D; warns `FewSamplesWarning` if N < D."""
+    Statistics as `feature_statistics` (mean, covariance with N-1). Distance as `frechet_distance`.
+    Raises `ValueError` for fewer than 2 samples, NaN/inf features or different D. Warns
+    `FewSamplesWarning` if N < D."""
     mu1, s1 = feature_statistics(features1, "features1")
     mu2, s2 = feature_statistics(features2, "features2")
     if mu1.shape != mu2.shape:
-        raise ValueError(f"feature dimensions differ: {mu1.shape[0]} vs {mu2.shape[0]}; use the same extractor and layer for both sets")
+        raise ValueError(
+            f"feature dimensions differ: {mu1.shape[0]} vs {mu2.shape[0]}; use the same extractor"
+            " and layer for both sets")
     return frechet_distance(mu1, s1, mu2, s2, method)
 
 # %% ../nbs/30_frechet_distance.ipynb #b60272d9
 def fid_infinity(features1, features2, ns=None, trials: int = 1, seed: int = 0,
                  method: str = "symmetric") -> tuple[float, np.ndarray, np.ndarray]:
-    """$\\mathrm{FID}_\\infty$ (Chong & Forsyth 2020): FID of random subsets of `features1` of sizes `ns` against the
-    full statistics of `features2`, fitted as `FID_N = FID_inf + k / N` by least squares.
+    """$\\mathrm{FID}_\\infty$ (Chong & Forsyth 2020): FID of random subsets of `features1` of sizes
+    `ns` against the full statistics of `features2`, fitted as `FID_N = FID_inf + k / N` by least
+    squares.
 
-    `features1, features2`: `(N1, D)`, `(N2, D)`; `ns`: subset sizes (default 15 values from N1/5 to N1), each
-    at most N1; `trials`: subsets per size (averaged). Returns `(fid_inf, ns (K,), fid_n (K,))`.
-    Raises `ValueError` for fewer than 2 sizes or a size outside [2, N1]."""
+    `features1, features2`: `(N1, D)`, `(N2, D)`. `ns`: subset sizes (default 15 values from N1/5 to
+    N1), each at most N1. `trials`: subsets per size (averaged). Returns `(fid_inf, ns (K,), fid_n
+    (K,))`. Raises `ValueError` for fewer than 2 sizes or a size outside [2, N1]."""
     f1 = check_features(features1, "features1")
     mu2, s2 = feature_statistics(features2, "features2")
     n1 = len(f1)
     ns = np.asarray(ns if ns is not None else np.linspace(max(2, n1 // 5), n1, 15).astype(int))
     if len(ns) < 2 or ns.min() < 2 or ns.max() > n1:
-        raise ValueError(f"ns={ns.tolist()} must hold at least 2 sizes in [2, {n1}] (the number of samples in features1)")
+        raise ValueError(
+            f"ns={ns.tolist()} must hold at least 2 sizes in [2, {n1}] (the number of samples in"
+            " features1)")
     r = np.random.default_rng(seed)
     fids = []
     with warnings.catch_warnings():
@@ -129,7 +158,9 @@ def fid_infinity(features1, features2, ns=None, trials: int = 1, seed: int = 0,
             vals = []
             for _ in range(trials):
                 sub = f1[r.choice(n1, int(n), replace=False)]
-                vals.append(frechet_distance(sub.mean(0), np.cov(sub, rowvar=False), mu2, s2, method))
+                vals.append(
+                    frechet_distance(sub.mean(0), np.cov(sub, rowvar=False), mu2, s2, method)
+                )
             fids.append(np.mean(vals))
     fids = np.asarray(fids)
     slope, intercept = np.polyfit(1.0 / ns, fids, 1)

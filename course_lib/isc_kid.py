@@ -17,19 +17,25 @@ __all__ = ['inception_score', 'polynomial_kernel', 'mmd2_unbiased', 'kid']
 # %% ../nbs/31_is_kid.ipynb #5ae6b569
 def inception_score(logits_or_probs, splits: int = 10, shuffle: bool = True, rng_seed: int = 2020,
                     probs: bool | None = None) -> tuple[float, float]:
-    """Inception Score (Salimans et al. 2016, eq. in sec. 4): `exp(E_x KL(p(y|x) || p(y)))` over `splits` chunks.
+    """Inception Score (Salimans et al. 2016, eq. in sec. 4): `exp(E_x KL(p(y|x) || p(y)))` over
+    `splits` chunks.
 
-    `logits_or_probs`: `(N, C)` logits (any real values) or probabilities (rows on the simplex); `probs=None`
-    detects which (non-negative rows summing to 1 within 1e-6 are probabilities). Computed in float64.
-    `shuffle`/`rng_seed`: permute the rows first with `np.random.RandomState(rng_seed)`, as
-    `torch_fidelity.metric_isc.isc_features_to_metric` does (same result to ~1e-12).
-    Returns `(mean, std)` over the splits (std with ddof=0, as torch-fidelity). Unitless, in [1, C].
-    Raises `ValueError` for fewer than 2 samples, NaN/inf values, `splits` < 1 or fewer than 2 samples a split."""
+    `logits_or_probs`: `(N, C)` logits (any real values) or probabilities (rows on the simplex);
+    `probs=None` detects which (non-negative rows summing to 1 within 1e-6 are probabilities).
+    Computed in float64. `shuffle`/`rng_seed`: permute the rows first with
+    `np.random.RandomState(rng_seed)`, as `torch_fidelity.metric_isc.isc_features_to_metric` does
+    (same result to ~1e-12). Returns `(mean, std)` over the splits (std with ddof=0, as
+    torch-fidelity). Unitless, in [1, C]. Raises `ValueError` for fewer than 2 samples, NaN/inf
+    values, `splits` < 1 or fewer than 2 samples a split."""
     x = check_features(logits_or_probs, "logits_or_probs", warn_rank=False)
     N, C = x.shape
-    if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or splits < 1 or N // splits < 2:
-        raise ValueError(f"splits={splits!r} must be an int in [1, N // 2 = {N // 2}] for N={N} samples: each "
-                         "split needs at least 2 (the IS of a single image is 1, whatever it shows)")
+    if (isinstance(splits, bool)
+        or not isinstance(splits, (int, np.integer))
+        or splits < 1
+        or N // splits < 2):
+        raise ValueError(
+            f"splits={splits!r} must be an int in [1, N // 2 = {N // 2}] for N={N} samples: each "
+            "split needs at least 2 (the IS of a single image is 1, whatever it shows)")
     if probs is None:
         probs = bool((x >= 0).all() and np.allclose(x.sum(1), 1.0, atol=1e-6))
     if shuffle: x = x[np.random.RandomState(rng_seed).permutation(N)]
@@ -43,50 +49,69 @@ def inception_score(logits_or_probs, splits: int = 10, shuffle: bool = True, rng
     for i in range(splits):
         sl = slice(i * N // splits, (i + 1) * N // splits)
         p_y = p[sl].mean(dim=0, keepdim=True)                          # marginal p(y) of this split
-        kl = (p[sl] * (log_p[sl] - p_y.log())).sum(dim=1)              # KL(p(y|x) || p(y)) per sample
+        # KL(p(y|x) || p(y)) per sample
+        kl = (p[sl] * (log_p[sl] - p_y.log())).sum(dim=1)
         scores.append(kl.mean().exp().item())
     return float(np.mean(scores)), float(np.std(scores))
 
 # %% ../nbs/31_is_kid.ipynb #df6cb905
 def polynomial_kernel(X: np.ndarray, Y: np.ndarray, degree: int = 3, gamma: float | None = None,
                       coef0: float = 1.0) -> np.ndarray:
-    "`(gamma * X @ Y.T + coef0) ** degree` for `X (m, D)`, `Y (n, D)` -> `(m, n)`; `gamma` defaults to 1/D (KID's kernel)."
+    """`(gamma * X @ Y.T + coef0) ** degree` for `X (m, D)`, `Y (n, D)` -> `(m, n)`. `gamma`
+    defaults to 1/D (KID's kernel)."""
     gamma = 1.0 / X.shape[1] if gamma is None else gamma
     return (X @ Y.T * gamma + coef0) ** degree
 
 def mmd2_unbiased(K_XX: np.ndarray, K_XY: np.ndarray, K_YY: np.ndarray) -> float:
-    """Unbiased MMD² from kernel matrices `(m, m)` (Gretton et al. 2012, eq. 3; KID's estimator):
+    """Unbiased MMD² from kernel matrices `(m, m)` (Gretton et al. 2012, eq. 3, KID's estimator):
     off-diagonal means of K_XX and K_YY minus twice the full mean of K_XY."""
     m = K_XX.shape[0]
     sum_xx = K_XX.sum() - np.trace(K_XX)
     sum_yy = K_YY.sum() - np.trace(K_YY)
     return float((sum_xx + sum_yy) / (m * (m - 1)) - 2 * K_XY.sum() / (m * m))
 
-def kid(features1, features2, subsets: int = 100, subset_size: int = 1000, degree: int = 3,
-        gamma: float | None = None, coef0: float = 1.0, rng_seed: int = 2020) -> tuple[float, float]:
-    """Kernel Inception Distance (Bińkowski et al. 2018): unbiased MMD² with the polynomial kernel
-    `(x.y / D + 1)^3`, averaged over `subsets` random subsets of `subset_size` samples from each set.
-
-    `features1 (N1, D)`, `features2 (N2, D)`: arrays or tensors, computed in float64. Subsets are drawn as
-    `torch_fidelity.metric_kid.kid_features_to_metric` draws them (`np.random.RandomState(rng_seed).choice`,
-    without replacement), so the result matches torch-fidelity's on the same float64 features.
-    Returns `(mean, std)` over subsets (std with ddof=0). Can be slightly negative for identical distributions.
-    A `subset_size` larger than N1 or N2 is CLAMPED to min(N1, N2) with a `UserWarning` naming the numbers
-    (torch-fidelity raises instead). Raises `ValueError` for fewer than 2 samples, NaN/inf values, different D,
-    `subsets` < 1 or `subset_size` < 2."""
-    f1 = check_features(features1, "features1", warn_rank=False)
-    f2 = check_features(features2, "features2", warn_rank=False)
+# %% ../nbs/31_is_kid.ipynb #e8bd5342
+def _kid_subset_size(f1: np.ndarray, f2: np.ndarray, subsets, subset_size) -> int:
+    """Check `kid`'s arguments and return the subset size it uses: `subset_size`, clamped to
+    min(N1, N2) with a `UserWarning` when larger."""
     if f1.shape[1] != f2.shape[1]:
-        raise ValueError(f"feature dimensions differ: {f1.shape[1]} vs {f2.shape[1]}; use the same extractor and layer for both sets")
-    if not isinstance(subsets, (int, np.integer)) or subsets < 1: raise ValueError(f"subsets={subsets!r} must be a positive int")
+        raise ValueError(
+            f"feature dimensions differ: {f1.shape[1]} vs {f2.shape[1]}; use the same extractor and"
+            " layer for both sets")
+    if not isinstance(subsets, (int, np.integer)) or subsets < 1:
+        raise ValueError(f"subsets={subsets!r} must be a positive int")
     if not isinstance(subset_size, (int, np.integer)) or subset_size < 2:
-        raise ValueError(f"subset_size={subset_size!r} must be an int >= 2 (the unbiased estimator divides by m(m-1))")
+        raise ValueError(
+            f"subset_size={subset_size!r} must be an int >= 2 (the unbiased estimator divides by"
+            " m(m-1))")
     n1, n2 = len(f1), len(f2)
     if subset_size > min(n1, n2):
-        warnings.warn(f"KID subset_size={subset_size} is larger than the number of samples (features1: {n1}, "
-                      f"features2: {n2}); clamped to {min(n1, n2)}. Pass subset_size <= {min(n1, n2)} to silence this.",
-                      UserWarning, stacklevel=2)
-        subset_size = min(n1, n2)
+        warnings.warn(
+            f"KID subset_size={subset_size} is larger than the number of samples (features1: {n1},"
+            f" features2: {n2}); clamped to {min(n1, n2)}. Pass subset_size <= {min(n1, n2)} to"
+            " silence this.", UserWarning, stacklevel=3)
+        return min(n1, n2)
+    return subset_size
+
+# %% ../nbs/31_is_kid.ipynb #38c56786
+def kid(features1, features2, subsets: int = 100, subset_size: int = 1000, degree: int = 3,
+    gamma: float | None = None, coef0: float = 1.0, rng_seed: int = 2020) -> tuple[float, float]:
+    """Kernel Inception Distance (Bińkowski et al. 2018): unbiased MMD² with the polynomial kernel
+    `(x.y / D + 1)^3`, averaged over `subsets` random subsets of `subset_size` samples from each
+    set.
+
+    `features1 (N1, D)`, `features2 (N2, D)`: arrays or tensors, computed in float64. Subsets are
+    drawn as `torch_fidelity.metric_kid.kid_features_to_metric` draws them
+    (`np.random.RandomState(rng_seed).choice`, without replacement), so the result matches
+    torch-fidelity's on the same float64 features. Returns `(mean, std)` over subsets (std with
+    ddof=0). Can be slightly negative for identical distributions. A `subset_size` larger than N1 or
+    N2 is CLAMPED to min(N1, N2) with a `UserWarning` naming the numbers (torch-fidelity raises
+    instead). Raises `ValueError` for fewer than 2 samples, NaN/inf values, different D, `subsets` <
+    1 or `subset_size` < 2."""
+    f1 = check_features(features1, "features1", warn_rank=False)
+    f2 = check_features(features2, "features2", warn_rank=False)
+    subset_size = _kid_subset_size(f1, f2, subsets, subset_size)
+    n1, n2 = len(f1), len(f2)
     rng = np.random.RandomState(rng_seed)
     mmds = np.zeros(subsets)
     for i in range(subsets):

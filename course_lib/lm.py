@@ -4,7 +4,7 @@
 
 # %% ../nbs/62_tiny_gpt2.ipynb #1a57fad6
 from __future__ import annotations
-import hashlib, json, math, os, shutil, tempfile
+import json, math, os, shutil, tempfile
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from collections.abc import Iterable
@@ -22,21 +22,25 @@ EOT = "<|endoftext|>"
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2):
     """A GPT-2-style byte-level BPE tokenizer trained on `texts` with `tokenizers`, wrapped as a
-    `transformers.PreTrainedTokenizerFast` whose BOS/EOS is `<|endoftext|>` (id 0). Raises `ValueError` for
-    `vocab_size` < 257 (the 256 bytes and EOT)."""
+    `transformers.PreTrainedTokenizerFast` whose BOS/EOS is `<|endoftext|>` (id 0). Raises
+    `ValueError` for `vocab_size` < 257 (the 256 bytes and EOT)."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
-    if vocab_size < 257: raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOT}), got {vocab_size}")
+    if vocab_size < 257:
+        raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOT}), got {vocab_size}")
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT], show_progress=False)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=EOT, eos_token=EOT, unk_token=None)
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency,
+                            special_tokens=[EOT], show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=EOT, eos_token=EOT,
+                                  unk_token=None)
     tok.model_max_length = 1 << 30
     return tok
 
 # %% ../nbs/62_tiny_gpt2.ipynb #1984e8d5
 @dataclass
 class TinyGPTConfig:
-    "Tokenizer, model and training settings of the course's small GPT-2; the defaults train in minutes on a CPU."
+    """Tokenizer, model and training settings of the course's small GPT-2: the defaults train in
+    minutes on a CPU."""
     max_mb_per_subset: float = 4.0   # mini-Pile size
     vocab_size: int = 4096
     n_positions: int = 256
@@ -50,74 +54,92 @@ class TinyGPTConfig:
     weight_decay: float = 0.1
     seed: int = 0
 
-    def key(self) -> str:
-        "A short hash of the settings (the cache key: a quick-profile model is never taken for a full one)."
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+    code_version = 1   # raised when train_tiny_gpt2 changes what a config trains (not a field)
 
+    def key(self) -> str:
+        """The course-cache key (`cache.cache_key`): a quick-profile model is never taken for a
+        full one."""
+        from course_lib.cache import cache_key
+        return cache_key("tiny_gpt2", self, code_version=self.code_version)
+
+# %% ../nbs/62_tiny_gpt2.ipynb #a7f1c6c7
 def token_blocks(tokenizer, texts: Iterable[str], block: int) -> torch.Tensor:
-    "Documents + EOT, concatenated and cut into `(N, block + 1)` int64 blocks (the last partial block is dropped)."
+    """Documents + EOT, concatenated and cut into `(N, block + 1)` int64 blocks (the last partial
+    block is dropped)."""
     eot = tokenizer.eos_token_id
     ids: list[int] = []
     for t in texts: ids += tokenizer.encode(t, add_special_tokens=False) + [eot]
     n = len(ids) // (block + 1)
-    if n == 0: raise ValueError(f"only {len(ids)} tokens of training text: need at least {block + 1}")
+    if n == 0:
+        raise ValueError(f"only {len(ids)} tokens of training text: need at least {block + 1}")
     return torch.tensor(ids[: n * (block + 1)]).view(n, block + 1)
 
+# %% ../nbs/62_tiny_gpt2.ipynb #3e5306e6
 @grad_enabled
-def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None, progress: bool = False):
-    """Train a byte-level BPE tokenizer and a `GPT2LMHeadModel` (cfg sizes) on `texts`.
-
-    Returns `(model, tokenizer, history)` with `history = {'loss': [per-step mean NLL in nats]}`.
-    Runs through `accelerate.Accelerator` (given, or a new one): CPU, GPU or several processes."""
+def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None,
+                    progress: bool = False):
+    """A byte-level BPE tokenizer and a `GPT2LMHeadModel` (cfg sizes) trained on `texts`, through
+    `accelerate` (CPU, GPU or processes): `(model, tokenizer, {'loss': [per-step NLL, nats]})`."""
     from accelerate import Accelerator
     from tqdm.auto import tqdm
     from transformers import GPT2Config, GPT2LMHeadModel
     g = seed_everything(cfg.seed)
     tok = train_bpe_tokenizer(texts, cfg.vocab_size)
-    data = token_blocks(tok, texts, cfg.n_positions)                                   # (N, T + 1)
-    mcfg = GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-                      n_head=cfg.n_head, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    data = token_blocks(tok, texts, cfg.n_positions)                               # (N, T + 1)
+    mcfg = GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions, n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer, n_head=cfg.n_head, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = GPT2LMHeadModel(mcfg)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) *
-                                              0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup)
+        * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
     acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
     model, opt, sched = acc.prepare(model, opt, sched)
     model.train()
     hist = {"loss": []}
     for step in tqdm(range(cfg.steps), disable=not progress, desc="training"):
         idx = torch.randint(0, len(data), (cfg.batch_size,), generator=g)
-        xb = data[idx].to(acc.device)                                                   # (B, T + 1)
-        logits = model(xb[:, :-1]).logits                                               # (B, T, V)
+        xb = data[idx].to(acc.device)                                               # (B, T + 1)
+        logits = model(xb[:, :-1]).logits                                           # (B, T, V)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), xb[:, 1:].flatten())
         acc.backward(loss)
         acc.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
         hist["loss"].append(loss.item())
     model = acc.unwrap_model(model).eval()
     return model, tok, hist
 
+# %% ../nbs/62_tiny_gpt2.ipynb #118aa6f5
 def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retrain: bool = False):
     """The course's small GPT-2 trained on the mini-Pile's train split: loaded from the course cache
-    (`cache_dir('pile', 'tiny-gpt2-<cfg.key()>')`, a Hugging Face directory usable by any tool), else trained and
-    saved there (atomically, under a file lock). Returns `(model, tokenizer, directory)`."""
+    (`cache_dir('pile', 'tiny-gpt2-<cfg.key()>')`, a Hugging Face directory usable by any tool),
+    else trained and saved there (atomically, under a file lock). Returns
+    `(model, tokenizer, directory)`."""
     from filelock import FileLock
     from transformers import AutoTokenizer, GPT2LMHeadModel
-    d = cache_dir("pile") / f"tiny-gpt2-{cfg.key()}"
+    from course_lib.cache import check_cached, code_fingerprint, record_cached
+    key, code = cfg.key(), code_fingerprint(train_tiny_gpt2)
+    d = cache_dir("pile") / f"tiny-gpt2-{key}"
     with FileLock(str(d) + ".lock"):
-        if not retrain: restore_pretrained(d)             # a trained copy shipped with the package, if any
+        if not retrain: restore_pretrained(d)             # a copy shipped with the package, if any
         if retrain or not (d/"config.json").is_file():
             texts = [r["text"] for r in read_jsonl_zst(mini_pile(cfg.max_mb_per_subset)["train"])]
             model, tok, hist = train_tiny_gpt2(texts, cfg, progress=progress)
             tmp = Path(tempfile.mkdtemp(prefix=".tiny-gpt2-", dir=d.parent))
-            model.save_pretrained(tmp); tok.save_pretrained(tmp)
-            (tmp/"course_lib.json").write_text(json.dumps({"config": asdict(cfg), "loss": hist["loss"]}))
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            info = {"config": asdict(cfg), "loss": hist["loss"]}
+            (tmp/"course_lib.json").write_text(json.dumps(info))
             if d.exists(): shutil.rmtree(d)
             os.replace(tmp, d)
+            record_cached(d, key, code, source="trained")
+        else:
+            check_cached(d, key, code, "tiny_gpt2(cfg, retrain=True)")
     model = GPT2LMHeadModel.from_pretrained(str(d), local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
     return model, tok, d

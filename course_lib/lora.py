@@ -11,33 +11,72 @@ import torch
 import torch.nn as nn
 
 # %% auto #0
-__all__ = ['LORA_LAYERS', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora',
-           'count_parameters', 'lora_param_count', 'copy_lora_to_peft']
+__all__ = ['LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'count_parameters', 'lora_param_count', 'copy_lora_to_peft', 'LORA_TARGETS', 'check_target_modules', 'add_lora', 'training_state_bytes', 'PeakMemory', 'adapter_file_bytes', 'adapter_names', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter']
 
-# %% ../nbs/40_lora_from_scratch.ipynb #def2b1ed
-class LoRALinear(nn.Module):
-    """A frozen `nn.Linear` plus a trainable low-rank update: `y = base(x) + (alpha / rank) * x A^T B^T`.
+# %% ../nbs/40_lora_from_scratch.ipynb #c0cc3889
+def _check_rank_alpha(rank, alpha):
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive int, got {rank!r}")
+    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0):
+        raise ValueError(f"alpha must be a positive number (or None for alpha = rank), "
+                         f"got {alpha!r}")
 
-    - `lora_A`: `(rank, in_features)`, Kaiming-uniform (a = sqrt 5) at init; `lora_B`: `(out_features, rank)`, zero.
-    - `alpha`: the LoRA alpha (default: `rank`, i.e. scaling 1). `scaling = alpha / rank`.
-    - `x`: `(..., in_features)` -> `(..., out_features)`, any float dtype of the base layer.
-    `merge()` adds `delta_weight()` into the base weight (then forward skips the adapter); `unmerge()` undoes it.
-    Raises `TypeError` if `base` is not an `nn.Linear`, `ValueError` for `rank < 1` or `alpha <= 0`.
-    Source: Hu et al. 2021, eq. (3); initialisation as in `loralib` and `peft.tuners.lora.Linear`."""
-    def __init__(self, base: nn.Linear, rank: int = 4, alpha: float | None = None, dropout: float = 0.0):
+class LoRALayerBase(nn.Module):
+    """What every LoRA layer shares: the frozen `base` layer, `rank`, `alpha` (default `rank`) and
+    `scaling = alpha / rank`, and merging `delta_weight()` into the base weight and back.
+
+    Subclasses add `lora_A`, `lora_B`, `delta_weight()` and `forward`. Raises `ValueError` for
+    `rank < 1` or `alpha <= 0`."""
+    def __init__(self, base: nn.Module, rank: int, alpha: float | None):
         super().__init__()
-        if not isinstance(base, nn.Linear): raise TypeError(f"LoRALinear wraps nn.Linear, got {type(base).__name__}")
         _check_rank_alpha(rank, alpha)
         self.base, self.rank = base, int(rank)
         self.alpha = float(rank if alpha is None else alpha)
         self.scaling = self.alpha / self.rank
         base.requires_grad_(False)
-        w = base.weight
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, dtype=w.dtype, device=w.device))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=w.dtype, device=w.device))
+        self.merged = False
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        "Add `delta_weight()` into the base weight: `forward` then skips the adapter."
+        if not self.merged:
+            self.base.weight += self.delta_weight()
+            self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        "Subtract `delta_weight()` from the base weight again: undo `merge`."
+        if self.merged:
+            self.base.weight -= self.delta_weight()
+            self.merged = False
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, alpha={self.alpha:g}, merged={self.merged}"
+
+# %% ../nbs/40_lora_from_scratch.ipynb #01f40196
+class LoRALinear(LoRALayerBase):
+    """A frozen `nn.Linear` plus a trainable low-rank update:
+    `y = base(x) + (alpha / rank) * x A^T B^T`.
+
+    - `lora_A`: `(rank, in_features)`, Kaiming-uniform (a = sqrt 5) at init.
+    - `lora_B`: `(out_features, rank)`, zero.
+    - `alpha`: the LoRA alpha (default: `rank`, i.e. scaling 1). `scaling = alpha / rank`.
+    - `x`: `(..., in_features)` -> `(..., out_features)`, any float dtype of the base layer.
+
+    `merge()` adds `delta_weight()` into the base weight (then forward skips the adapter),
+    `unmerge()` undoes it. Raises `TypeError` if `base` is not an `nn.Linear`, `ValueError` for
+    `rank < 1` or `alpha <= 0`. Source: Hu et al. 2021, eq. (3). Initialisation as in `loralib`
+    and `peft.tuners.lora.Linear`."""
+    def __init__(self, base: nn.Linear, rank: int = 4, alpha: float | None = None,
+                 dropout: float = 0.0):
+        if not isinstance(base, nn.Linear):
+            raise TypeError(f"LoRALinear wraps nn.Linear, got {type(base).__name__}")
+        super().__init__(base, rank, alpha)
+        like = dict(dtype=base.weight.dtype, device=base.weight.device)
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **like))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **like))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.merged = False
 
     def delta_weight(self) -> torch.Tensor:
         "`(alpha / rank) * B @ A`: `(out_features, in_features)`."
@@ -48,44 +87,26 @@ class LoRALinear(nn.Module):
         if self.merged: return y
         return y + self.scaling * (self.dropout(x) @ self.lora_A.T @ self.lora_B.T)
 
-    @torch.no_grad()
-    def merge(self) -> None:
-        if not self.merged: self.base.weight += self.delta_weight(); self.merged = True
-    @torch.no_grad()
-    def unmerge(self) -> None:
-        if self.merged: self.base.weight -= self.delta_weight(); self.merged = False
-
-    def extra_repr(self) -> str: return f"rank={self.rank}, alpha={self.alpha:g}, merged={self.merged}"
-
-def _check_rank_alpha(rank, alpha):
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"rank must be a positive int, got {rank!r}")
-    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0):
-        raise ValueError(f"alpha must be a positive number (or None for alpha = rank), got {alpha!r}")
-
 # %% ../nbs/40_lora_from_scratch.ipynb #5070bcba
-class LoRAConv2d(nn.Module):
+class LoRAConv2d(LoRALayerBase):
     """A frozen `nn.Conv2d` plus a low-rank update, as `peft.tuners.lora.Conv2d` does it.
 
     `lora_A`: `Conv2d(in, rank, kernel, stride, padding, dilation, bias=False)`, Kaiming-uniform;
     `lora_B`: `Conv2d(rank, out, 1, bias=False)`, zero. `x`: `(B, in, H, W)` -> `(B, out, H', W')`.
-    Raises `TypeError` for another module, `ValueError` for grouped convolutions, `rank < 1` or `alpha <= 0`."""
+    Raises `TypeError` for another module, `ValueError` for grouped convolutions, `rank < 1` or
+    `alpha <= 0`."""
     def __init__(self, base: nn.Conv2d, rank: int = 4, alpha: float | None = None):
-        super().__init__()
-        if not isinstance(base, nn.Conv2d): raise TypeError(f"LoRAConv2d wraps nn.Conv2d, got {type(base).__name__}")
-        if base.groups != 1: raise ValueError(f"LoRAConv2d supports groups=1 only, got groups={base.groups}")
-        _check_rank_alpha(rank, alpha)
-        self.base, self.rank = base, int(rank)
-        self.alpha = float(rank if alpha is None else alpha)
-        self.scaling = self.alpha / self.rank
-        base.requires_grad_(False)
-        w = base.weight
-        self.lora_A = nn.Conv2d(base.in_channels, rank, base.kernel_size, base.stride, base.padding, base.dilation,
-                                bias=False, device=w.device, dtype=w.dtype)
-        self.lora_B = nn.Conv2d(rank, base.out_channels, 1, bias=False, device=w.device, dtype=w.dtype)
+        if not isinstance(base, nn.Conv2d):
+            raise TypeError(f"LoRAConv2d wraps nn.Conv2d, got {type(base).__name__}")
+        if base.groups != 1:
+            raise ValueError(f"LoRAConv2d supports groups=1 only, got groups={base.groups}")
+        super().__init__(base, rank, alpha)
+        like = dict(dtype=base.weight.dtype, device=base.weight.device)
+        self.lora_A = nn.Conv2d(base.in_channels, rank, base.kernel_size, base.stride, base.padding,
+                                base.dilation, bias=False, **like)
+        self.lora_B = nn.Conv2d(rank, base.out_channels, 1, bias=False, **like)
         nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_B.weight)
-        self.merged = False
 
     def delta_weight(self) -> torch.Tensor:
         "`(alpha / rank) * B @ A` reshaped to the base kernel `(out, in, kh, kw)`."
@@ -98,61 +119,61 @@ class LoRAConv2d(nn.Module):
         if self.merged: return y
         return y + self.scaling * self.lora_B(self.lora_A(x))
 
-    @torch.no_grad()
-    def merge(self) -> None:
-        if not self.merged: self.base.weight += self.delta_weight(); self.merged = True
-    @torch.no_grad()
-    def unmerge(self) -> None:
-        if self.merged: self.base.weight -= self.delta_weight(); self.merged = False
-
-    def extra_repr(self) -> str: return f"rank={self.rank}, alpha={self.alpha:g}, merged={self.merged}"
-
 # %% ../nbs/40_lora_from_scratch.ipynb #90d6cc9a
 LORA_LAYERS = (LoRALinear, LoRAConv2d)
 
 def _matches(name: str, targets: Sequence[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
-def inject_lora(model: nn.Module, target_modules: Sequence[str], rank: int = 4, alpha: float | None = None) -> list[str]:
-    """Replace (in place) every `nn.Linear` / `nn.Conv2d` of `model` whose name matches `target_modules`
-    (exact name or dotted suffix, as in `peft`) by `LoRALinear` / `LoRAConv2d`, and freeze everything else.
+def inject_lora(model: nn.Module, target_modules: Sequence[str], rank: int = 4,
+                alpha: float | None = None) -> list[str]:
+    """Replace (in place) every `nn.Linear` / `nn.Conv2d` of `model` whose name matches
+    `target_modules` (exact name or dotted suffix, as in `peft`) by `LoRALinear` / `LoRAConv2d`, and
+    freeze everything else.
 
-    Returns the adapted module names. Raises `ValueError` naming some candidate layers when nothing matched."""
-    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d)) and _matches(n, target_modules)]
+    Returns the adapted module names. Raises `ValueError` naming some candidate layers when nothing
+    matched."""
+    layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    names = [n for n in layers if _matches(n, target_modules)]
     if not names:
-        cands = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-        raise ValueError(f"no nn.Linear/nn.Conv2d in the model matches target_modules={list(target_modules)}; "
-                         f"some layer names: {cands[:8]}")
+        raise ValueError(f"no nn.Linear/nn.Conv2d in the model matches "
+                         f"target_modules={list(target_modules)}, some layer names: {layers[:8]}")
     model.requires_grad_(False)
     for n in names:
         parent_name, _, child = n.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         m = getattr(parent, child)
-        setattr(parent, child, (LoRALinear if isinstance(m, nn.Linear) else LoRAConv2d)(m, rank, alpha))
+        cls = LoRALinear if isinstance(m, nn.Linear) else LoRAConv2d
+        setattr(parent, child, cls(m, rank, alpha))
     return names
 
+# %% ../nbs/40_lora_from_scratch.ipynb #aaab82fb
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     "The from-scratch LoRA layers of `model`, by name."
     return {n: m for n, m in model.named_modules() if isinstance(m, LORA_LAYERS)}
 
 def merge_lora(model: nn.Module) -> nn.Module:
-    "Merge every from-scratch LoRA layer of `model` into its base weight (in place); returns `model`."
+    "Merge each LoRA layer of `model` into its base weight, in place. Returns `model`."
     for m in lora_layers(model).values(): m.merge()
     return model
 
 def unmerge_lora(model: nn.Module) -> nn.Module:
-    "Undo `merge_lora` (in place); returns `model`."
+    "Undo `merge_lora` (in place), return `model`."
     for m in lora_layers(model).values(): m.unmerge()
     return model
 
+# %% ../nbs/40_lora_from_scratch.ipynb #e319f5fb
 def count_parameters(model: nn.Module) -> dict[str, float]:
     """`{'trainable': int, 'total': int, 'frozen': int, 'trainable_pct': float}` for `model`
-    (parameters counted once even when shared; percent of `total`)."""
+    (parameters counted once even when shared, percent of `total`)."""
     seen, tr, tot = set(), 0, 0
     for p in model.parameters():
         if id(p) in seen: continue
-        seen.add(id(p)); tot += p.numel(); tr += p.numel() if p.requires_grad else 0
-    return {"trainable": tr, "total": tot, "frozen": tot - tr, "trainable_pct": 100.0 * tr / max(tot, 1)}
+        seen.add(id(p))
+        tot += p.numel()
+        tr += p.numel() if p.requires_grad else 0
+    return {"trainable": tr, "total": tot, "frozen": tot - tr,
+            "trainable_pct": 100.0 * tr / max(tot, 1)}
 
 def lora_param_count(model: nn.Module, target_modules: Sequence[str], rank: int) -> int:
     """The closed form: sum over matching layers of `rank * (in + out)` for linear layers and
@@ -160,17 +181,227 @@ def lora_param_count(model: nn.Module, target_modules: Sequence[str], rank: int)
     n = 0
     for name, m in model.named_modules():
         if not _matches(name, target_modules): continue
-        if isinstance(m, nn.Linear): n += rank * (m.in_features + m.out_features)
-        elif isinstance(m, nn.Conv2d): n += rank * (m.in_channels * math.prod(m.kernel_size) + m.out_channels)
+        if isinstance(m, nn.Linear):
+            n += rank * (m.in_features + m.out_features)
+        elif isinstance(m, nn.Conv2d):
+            n += rank * (m.in_channels * math.prod(m.kernel_size) + m.out_channels)
     return n
 
 # %% ../nbs/40_lora_from_scratch.ipynb #beff3768
-def copy_lora_to_peft(ours: nn.Module, peft_layer: nn.Module, adapter_name: str = "default") -> None:
-    """Copy `lora_A`/`lora_B` of a `LoRALinear`/`LoRAConv2d` into a `peft` LoRA layer's adapter `adapter_name`
-    (shapes must agree; raises `ValueError` otherwise)."""
+def copy_lora_to_peft(ours: nn.Module, peft_layer: nn.Module,
+                      adapter_name: str = "default") -> None:
+    """Copy `lora_A`/`lora_B` of a `LoRALinear`/`LoRAConv2d` into a `peft` LoRA layer's adapter
+    `adapter_name` (shapes must agree, else `ValueError`)."""
     a = ours.lora_A if isinstance(ours, LoRALinear) else ours.lora_A.weight
     b = ours.lora_B if isinstance(ours, LoRALinear) else ours.lora_B.weight
     pa, pb = peft_layer.lora_A[adapter_name].weight, peft_layer.lora_B[adapter_name].weight
     if pa.shape != a.shape or pb.shape != b.shape:
-        raise ValueError(f"shape mismatch: ours A {tuple(a.shape)} B {tuple(b.shape)}, peft A {tuple(pa.shape)} B {tuple(pb.shape)}")
-    with torch.no_grad(): pa.copy_(a); pb.copy_(b)
+        raise ValueError(f"shape mismatch: ours A {tuple(a.shape)} B {tuple(b.shape)}, "
+                         f"peft A {tuple(pa.shape)} B {tuple(pb.shape)}")
+    with torch.no_grad():
+        pa.copy_(a)
+        pb.copy_(b)
+
+# %% ../nbs/42_lora_training.ipynb #c616b6b4
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "time_emb_proj")
+
+def check_target_modules(model: nn.Module,
+                         target_modules: str | Sequence[str]) -> str | tuple[str, ...]:
+    """`target_modules` checked against `model`. A sequence is a list of names, each matching a
+    module named so or ending in `.name` (as in peft). A string is one such name when a module has
+    it (`"to_q"`), else a regular expression matched against whole module names (`re.fullmatch`, as
+    peft reads a string). Returns the names as a tuple, or the regular expression. Raises
+    `TypeError` for another type and `ValueError` naming every entry (or the expression) that
+    matches no module of `model`, with the closest module names."""
+    import difflib, re
+    names = [n for n, _ in model.named_modules() if n]
+    leaves = sorted({n.split(".")[-1] for n in names})
+    has = lambda t: any(n == t or n.endswith("." + t) for n in names)     # a name or dotted suffix
+    if isinstance(target_modules, str) and has(target_modules):
+        return (target_modules,)
+    if isinstance(target_modules, str):
+        if not any(re.fullmatch(target_modules, n) for n in names):
+            hint = difflib.get_close_matches(target_modules, leaves, n=2)
+            raise ValueError(f"target_modules={target_modules!r} is neither a module name of the "
+                             f"model {f'(did you mean {hint}?) ' if hint else ''}nor a regular "
+                             f"expression matching whole module names such as {names[-1]!r}")
+        return target_modules
+    if (not isinstance(target_modules, (list, tuple))
+            or not all(isinstance(t, str) for t in target_modules)):
+        raise TypeError(f"target_modules must be a string (a regular expression) or a list of "
+                        f"module names, got {target_modules!r}")
+    unmatched = [t for t in target_modules if not has(t)]
+    if unmatched:
+        hints = {t: difflib.get_close_matches(t, leaves, n=2) for t in unmatched}
+        raise ValueError("target_modules entries that match no module of the model: " + ", ".join(
+            f"{t!r} (did you mean {h}?)" if h else repr(t) for t, h in hints.items()))
+    return tuple(target_modules)
+
+# %% ../nbs/42_lora_training.ipynb #0e4ddfe7
+def _check_adapter_args(unet: nn.Module, rank, alpha, adapter_name) -> float:
+    "Refuse a bad `rank`, `alpha` or `adapter_name` (or one the model has). Returns alpha, a float."
+    import re
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive int, got {rank!r}")
+    alpha = float(rank if alpha is None else alpha)
+    if alpha <= 0: raise ValueError(f"alpha must be positive, got {alpha!r}")
+    if not isinstance(adapter_name, str) or not re.fullmatch(r"[\w-]+", adapter_name):
+        raise ValueError(f"adapter_name must be letters, digits, '_' or '-' (peft keeps adapters "
+                         f"in module dicts, whose keys cannot hold '.'), got {adapter_name!r}")
+    if adapter_name in getattr(unet, "peft_config", {}):
+        raise ValueError(f"the model already has an adapter {adapter_name!r} (adding it again "
+                         "would replace its weights): pass another adapter_name, or remove_adapter "
+                         "it first")
+    return alpha
+
+# %% ../nbs/42_lora_training.ipynb #fcf264a5
+def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
+             target_modules: str | Sequence[str] = LORA_TARGETS, adapter_name: str = "default",
+             dropout: float = 0.0, use_rslora: bool = False, rank_pattern: dict | None = None,
+             alpha_pattern: dict | None = None) -> nn.Module:
+    """Inject a `peft` LoRA adapter `adapter_name` (rank `rank`, `lora_alpha=alpha`, default `rank`)
+    into `unet`'s `target_modules` (see `check_target_modules`) in place, freeze every other
+    parameter, and return `unet`. `use_rslora` (scale alpha / sqrt(rank)), `rank_pattern`,
+    `alpha_pattern`: as in peft's `LoraConfig`. The new layers follow the mode of the layer they
+    wrap (an eval model's dropout stays off). Several adapters can live in one model (see
+    `course_lib.lora_io`). Raises `ValueError` for a bad rank, alpha or adapter name, and when a
+    target matches no module."""
+    from peft import LoraConfig
+    from peft.functional import inject_adapter_in_model
+    from peft.tuners.lora import LoraLayer
+    alpha = _check_adapter_args(unet, rank, alpha, adapter_name)
+    targets = check_target_modules(unet, target_modules)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha,
+                     target_modules=targets if isinstance(targets, str) else list(targets),
+                     lora_dropout=dropout, init_lora_weights=True, use_rslora=use_rslora,
+                     rank_pattern=dict(rank_pattern or {}), alpha_pattern=dict(alpha_pattern or {}))
+    inject_adapter_in_model(cfg, unet, adapter_name=adapter_name)
+    for m in unet.modules():
+        if isinstance(m, LoraLayer): m.train(m.get_base_layer().training)
+    for n, p in unet.named_parameters(): p.requires_grad_(f".{adapter_name}." in n and "lora_" in n)
+    return unet
+
+# %% ../nbs/42_lora_training.ipynb #e19a2f30
+import weakref
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+def training_state_bytes(model: nn.Module, opt) -> int:
+    "Bytes of the trainable weights of `model`, their gradients and the optimizer `opt`'s state."
+    n = sum(p.numel() * p.element_size() * 2 for p in model.parameters() if p.requires_grad)
+    for st in opt.state.values():
+        n += sum(v.numel() * v.element_size() for v in st.values()
+                 if torch.is_tensor(v) and v.ndim > 0)
+    return n
+
+# %% ../nbs/42_lora_training.ipynb #296f4612
+class PeakMemory(TorchDispatchMode):
+    """Measure the tensor memory allocated inside a `with PeakMemory() as pm:` block: `pm.live` is
+    the bytes of the storages created there and still alive, `pm.peak` their maximum (activations
+    saved for backward, gradients, optimizer state, temporaries). Storages that existed before (the
+    model's weights) are not counted: add them. Every tensor operation passes through this
+    `TorchDispatchMode`, so it is slow: measure a step, not a run. Works on any device (on a CPU,
+    where `torch.cuda.max_memory_allocated` has no equivalent). Views share their storage and count
+    once."""
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self._refs = 0, 0, {}
+
+    def _track(self, t: torch.Tensor):
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._refs or st.device.type == "meta": return
+        n = st.nbytes()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        def freed(_, key=key, n=n):
+            self.live -= n
+            self._refs.pop(key, None)
+        self._refs[key] = weakref.ref(st, freed)   # the Python storage lives as long as the storage
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor): self._track(t)
+        return out
+
+# %% ../nbs/42_lora_training.ipynb #1cb94de2
+def adapter_file_bytes(unet: nn.Module, full: bool = False, adapter_name: str | None = None) -> int:
+    "Bytes of a safetensors file with the LoRA weights of `unet` (every weight with `full=True`)."
+    from safetensors.torch import save
+    keep = lambda k: full or "lora_" in k and (adapter_name is None or f".{adapter_name}." in k)
+    return len(save({k: v.detach().contiguous() for k, v in unet.state_dict().items() if keep(k)}))
+
+# %% ../nbs/43_lora_export.ipynb #defdda00
+def adapter_names(unet: nn.Module) -> list[str]:
+    """The names of the LoRA adapters injected into `unet`, in order of injection (adapters may sit
+    on other layers)."""
+    from peft.tuners.lora import LoraLayer
+    names = dict.fromkeys(getattr(unet, "peft_config", {}))      # peft keeps the injection order
+    for m in unet.modules():
+        if isinstance(m, LoraLayer): names.update(dict.fromkeys(m.lora_A.keys()))
+    return list(names)
+
+# %% ../nbs/43_lora_export.ipynb #ad7d4dc0
+from typing import Mapping
+
+def _lora_layers(unet):
+    from peft.tuners.lora import LoraLayer
+    return [m for m in unet.modules() if isinstance(m, LoraLayer)]
+
+def set_adapters(unet: nn.Module, weights: str | Sequence[str] | Mapping[str, float]) -> nn.Module:
+    """Activate adapters by name: one name, a list (weight 1 each) or `{name: weight}` (a blend, the
+    weight scales `alpha / rank`). An empty selection disables all adapters (the base model).
+    Raises `ValueError` for an unknown name and `RuntimeError` while adapters are merged. Returns
+    `unet`."""
+    if isinstance(weights, str): weights = {weights: 1.0}
+    elif not isinstance(weights, Mapping): weights = {n: 1.0 for n in weights}
+    names = adapter_names(unet)
+    unknown = [n for n in weights if n not in names]
+    if unknown: raise ValueError(f"unknown adapter(s) {unknown}; the model has {names}")
+    layers = _lora_layers(unet)
+    if any(m.merged for m in layers):
+        raise RuntimeError("adapters are merged: call unmerge_adapters(model) before switching")
+    for m in layers:
+        if not weights:
+            m.enable_adapters(False)
+            continue
+        m.enable_adapters(True)
+        m.set_adapter(list(weights))
+        for n, w in weights.items(): m.set_scale(n, float(w))
+    unet.requires_grad_(False)
+    return unet
+
+def active_adapters(unet: nn.Module) -> dict[str, float]:
+    "`{name: weight}` of the active adapters (empty when disabled or none)."
+    out = {}
+    for m in _lora_layers(unet):
+        if m.disable_adapters: return {}
+        for n in m.active_adapters:
+            if n in out or n not in m.scaling: continue
+            unit = m.lora_alpha[n] / (math.sqrt(m.r[n]) if m.use_rslora.get(n) else m.r[n])
+            out[n] = m.scaling[n] / unit
+    return out
+
+# %% ../nbs/43_lora_export.ipynb #79cdf24b
+def merge_adapters(unet: nn.Module) -> nn.Module:
+    "Fold the active adapters (with their blend weights) into the base weights. Returns `unet`."
+    for m in _lora_layers(unet):
+        if not m.disable_adapters and not m.merged: m.merge(adapter_names=list(m.active_adapters))
+    return unet
+
+def unmerge_adapters(unet: nn.Module) -> nn.Module:
+    "Undo `merge_adapters` (in place). Returns `unet`."
+    for m in _lora_layers(unet):
+        if m.merged: m.unmerge()
+    return unet
+
+def remove_adapter(unet: nn.Module, name: str) -> nn.Module:
+    "Delete adapter `name` from `unet` (unmerge first). Raises `ValueError` for an unknown name."
+    from peft.functional import delete_adapter
+    if name not in adapter_names(unet):
+        raise ValueError(f"unknown adapter {name!r}; the model has {adapter_names(unet)}")
+    unmerge_adapters(unet)
+    delete_adapter(unet, name, prefix="lora_")
+    unet.peft_config.pop(name, None)
+    return unet

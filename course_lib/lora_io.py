@@ -4,7 +4,7 @@
 
 # %% ../nbs/43_lora_export.ipynb #e9f6be85
 from __future__ import annotations
-import base64, copy, hashlib, io, json, math, os, re, struct, warnings
+import base64, copy, hashlib, io, json, os, re, struct, warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -13,93 +13,105 @@ import torch.nn as nn
 
 import course_lib
 from .core import atomic_write, cache_dir
-from .lora_data import TRIGGER, ConceptDataset, write_concept_folder
-from .lora_train import (LoRATrainConfig, add_lora, base_config, generate, load_base, train_lora)
+from .lora import (active_adapters, adapter_names, merge_adapters, remove_adapter,
+                             set_adapters, unmerge_adapters)
+from .lora_data import TRIGGER, ConceptDataset, write_concept_folder, write_style_folder
+from .lora_train import (LoRATrainConfig, add_lora, base_config, generate, load_base,
+                                   train_lora)
+
+# defined in course_lib.lora now: `from course_lib.lora_io import ...` keeps working
+_all_ = ["active_adapters", "merge_adapters", "remove_adapter", "unmerge_adapters"]
 
 # %% auto #0
-__all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'adapter_names', 'save_adapter', 'foreign_layout',
-           'read_adapter', 'load_adapter', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters',
-           'remove_adapter', 'write_style_folder', 'train_adapter', 'load_or_train_adapter', 'adapter_gallery',
-           'lora_main']
+__all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'save_adapter', 'foreign_layout', 'read_adapter',
+           'load_adapter', 'train_adapter', 'load_or_train_adapter', 'adapter_gallery', 'lora_main', 'active_adapters',
+           'merge_adapters', 'remove_adapter', 'unmerge_adapters']
 
 # %% ../nbs/43_lora_export.ipynb #719097a5
 ADAPTER_FORMAT = "course_lib.lora/1"
 REQUIRED_METADATA = ("format", "base_hash", "rank", "alpha", "target_modules")
 
 def base_fingerprint(unet: nn.Module) -> str:
-    """SHA-256 (first 16 hex digits) of the base weights of `unet`: every tensor of its state dict except LoRA
-    weights, names normalised (peft's `.base_layer` removed), in sorted order. Equal for the same base with or without
-    adapters. Raises `ValueError` when an adapter is merged into the weights (unmerge first)."""
+    """SHA-256 (first 16 hex digits) of the base weights of `unet`: every tensor of its state dict
+    except LoRA weights, names normalised (peft's `.base_layer` removed), in sorted order. Equal for
+    the same base with or without adapters. Raises `ValueError` when an adapter is merged into the
+    weights (unmerge first)."""
     from peft.tuners.lora import LoraLayer
     if any(isinstance(m, LoraLayer) and m.merged for m in unet.modules()):
-        raise ValueError("an adapter is merged into the base weights; call unmerge_adapters(model) before hashing or loading")
+        raise ValueError("an adapter is merged into the base weights; call unmerge_adapters(model) "
+                         "before hashing or loading")
     h = hashlib.sha256()
     sd = {k.replace(".base_layer", ""): v for k, v in unet.state_dict().items() if "lora_" not in k}
     for k in sorted(sd):
         t = sd[k].detach().to("cpu").contiguous()
-        h.update(k.encode()); h.update(str(t.dtype).encode()); h.update(str(tuple(t.shape)).encode())
+        for part in (k, str(t.dtype), str(tuple(t.shape))): h.update(part.encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:16]
 
-def adapter_names(unet: nn.Module) -> list[str]:
-    "The names of the LoRA adapters injected into `unet`, in order of injection (adapters may sit on other layers)."
-    from peft.tuners.lora import LoraLayer
-    names = dict.fromkeys(getattr(unet, "peft_config", {}))            # peft keeps them in injection order
-    for m in unet.modules():
-        if isinstance(m, LoraLayer): names.update(dict.fromkeys(m.lora_A.keys()))
-    return list(names)
-
-def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "concept", base_model: str = "",
-                 trigger: str | None = None, training_config: Mapping | None = None,
-                 dataset: Mapping | None = None) -> Path:
-    """Write adapter `adapter_name` of `unet` to `path` (must end in `.safetensors`) atomically, with metadata:
-    format, base model name and weight hash, rank, alpha, target modules, trigger word, training config, dataset
-    summary, course_lib and peft versions, and every setting that changes the scale of the update
-    (`use_rslora`, `rank_pattern`, `alpha_pattern`). Tensors: peft's state-dict keys (`....to_q.lora_A.weight`), float32.
-    Returns the path. Raises `ValueError` for another extension, an unknown adapter name, or a peft setting
-    this format cannot store (DoRA, LoRA bias, fan_in_fan_out)."""
+# %% ../nbs/43_lora_export.ipynb #d76e7979
+def _adapter_metadata(unet: nn.Module, adapter_name: str, base_model: str, trigger: str | None,
+                      training_config: Mapping | None, dataset: Mapping | None) -> dict[str, str]:
     import peft
-    from peft.functional import get_peft_model_state_dict
-    from safetensors.torch import save
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"adapters are written as .safetensors only (pickle formats can run code when loaded), got {path.name!r}")
-    names = adapter_names(unet)
-    if adapter_name not in names: raise ValueError(f"no adapter {adapter_name!r} in the model; adapters: {names}")
     pc = unet.peft_config[adapter_name]
     unsupported = {k: getattr(pc, k, None) for k in ("use_dora", "lora_bias", "fan_in_fan_out")
                    if getattr(pc, k, None)}
     if unsupported:
-        raise ValueError(f"adapter {adapter_name!r} uses {unsupported}, which {ADAPTER_FORMAT} does not store: "
-                         "it would reload with other outputs. Save it with peft's own save_pretrained")
+        raise ValueError(f"adapter {adapter_name!r} uses {unsupported}, which {ADAPTER_FORMAT} "
+                         "does not store: it would reload with other outputs. Save it with peft's "
+                         "own save_pretrained")
     targets = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
-    sd = {k: v.detach().to("cpu", torch.float32).contiguous()
-          for k, v in get_peft_model_state_dict(unet, adapter_name=adapter_name).items()}
-    meta = {"format": ADAPTER_FORMAT, "base_model": base_model, "base_hash": base_fingerprint(unet),
-            "rank": str(pc.r), "alpha": str(float(pc.lora_alpha)), "target_modules": json.dumps(targets),
-            "use_rslora": json.dumps(bool(pc.use_rslora)), "rank_pattern": json.dumps(dict(pc.rank_pattern or {})),
-            "alpha_pattern": json.dumps(dict(pc.alpha_pattern or {})),
-            "trigger": trigger or "", "training_config": json.dumps(dict(training_config or {}), default=str),
+    return {"format": ADAPTER_FORMAT, "base_model": base_model, "base_hash": base_fingerprint(unet),
+            "rank": str(pc.r), "alpha": str(float(pc.lora_alpha)),
+            "target_modules": json.dumps(targets),
+            "use_rslora": json.dumps(bool(pc.use_rslora)),
+            "rank_pattern": json.dumps(dict(pc.rank_pattern or {})),
+            "alpha_pattern": json.dumps(dict(pc.alpha_pattern or {})), "trigger": trigger or "",
+            "training_config": json.dumps(dict(training_config or {}), default=str),
             "dataset": json.dumps(dict(dataset or {}), default=str), "adapter_name": adapter_name,
             "course_lib_version": course_lib.__version__, "peft_version": peft.__version__}
+
+# %% ../nbs/43_lora_export.ipynb #e204d9be
+def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "concept",
+                 base_model: str = "", trigger: str | None = None,
+                 training_config: Mapping | None = None, dataset: Mapping | None = None) -> Path:
+    """Write adapter `adapter_name` of `unet` to `path` (must end in `.safetensors`) atomically,
+    with metadata: format, base model name and weight hash, rank, alpha, target modules, trigger
+    word, training config, dataset summary, course_lib and peft versions, and every setting that
+    changes the scale of the update (`use_rslora`, `rank_pattern`, `alpha_pattern`). Tensors: peft's
+    state-dict keys (`....to_q.lora_A.weight`), float32. Returns the path. Raises `ValueError` for
+    another extension, an unknown adapter name, or a peft setting this format cannot store (DoRA,
+    LoRA bias, fan_in_fan_out)."""
+    from peft.functional import get_peft_model_state_dict
+    from safetensors.torch import save
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"adapters are written as .safetensors only (pickle formats can run code "
+                         f"when loaded), got {path.name!r}")
+    names = adapter_names(unet)
+    if adapter_name not in names:
+        raise ValueError(f"no adapter {adapter_name!r} in the model; adapters: {names}")
+    meta = _adapter_metadata(unet, adapter_name, base_model, trigger, training_config, dataset)
+    sd = {k: v.detach().to("cpu", torch.float32).contiguous()
+          for k, v in get_peft_model_state_dict(unet, adapter_name=adapter_name).items()}
     data = save(sd, metadata=meta)
     with atomic_write(path, "wb") as f: f.write(data)
     return path
 
 # %% ../nbs/43_lora_export.ipynb #4bff0b50
 def foreign_layout(keys: Sequence[str], metadata: Mapping) -> str | None:
-    """What kind of LoRA file `keys` (tensor names) and `metadata` describe when it is not course_lib's own:
-    a kohya-ss (sd-scripts) file, a diffusers `save_lora_weights` file, or a peft `save_pretrained` file;
-    None when nothing foreign is recognised."""
+    """What kind of LoRA file `keys` (tensor names) and `metadata` describe when it is not
+    course_lib's own: a kohya-ss (sd-scripts) file, a diffusers `save_lora_weights` file, or a peft
+    `save_pretrained` file. None when nothing foreign is recognised."""
     k0 = next(iter(sorted(keys)), "")
-    if any(k.startswith(("lora_unet_", "lora_te")) or "lora_down" in k for k in keys) or \
-            any(str(m).startswith("ss_") for m in metadata):
+    kohya_keys = any(k.startswith(("lora_unet_", "lora_te")) or "lora_down" in k for k in keys)
+    if kohya_keys or any(str(m).startswith("ss_") for m in metadata):
         dims = {m: metadata[m] for m in ("ss_network_dim", "ss_network_alpha") if m in metadata}
         return f"a kohya-ss (sd-scripts) LoRA (keys like {k0!r}{', ' + str(dims) if dims else ''})"
     if any(k.startswith(("unet.", "transformer.", "text_encoder")) for k in keys):
         return f"a diffusers LoRA, as save_lora_weights writes it (keys like {k0!r})"
     if any(k.startswith("base_model.model.") for k in keys):
-        return f"a peft save_pretrained adapter (keys like {k0!r}): load it with PeftModel.from_pretrained"
+        return (f"a peft save_pretrained adapter (keys like {k0!r}): load it with "
+                f"PeftModel.from_pretrained")
     return None
 
 # %% ../nbs/43_lora_export.ipynb #61bafcd7
@@ -110,19 +122,25 @@ def _safetensors_header(path: Path) -> dict:
     try:
         if len(raw) < 8: raise ValueError("file too short")
         n = struct.unpack("<Q", raw)[0]
-        if n > min(path.stat().st_size - 8, 100_000_000): raise ValueError("header length beyond the file")
-        with open(path, "rb") as f: f.seek(8); header = json.loads(f.read(n))
+        if n > min(path.stat().st_size - 8, 100_000_000):
+            raise ValueError("header length beyond the file")
+        with open(path, "rb") as f:
+            f.seek(8)
+            header = json.loads(f.read(n))
         if not isinstance(header, dict): raise ValueError("header is not a JSON object")
         return header
     except (ValueError, UnicodeDecodeError, struct.error) as e:
         what = kind or f"not readable as safetensors ({e})"
-        raise ValueError(f"{path} is not a safetensors file: it looks like {what}. Adapters are loaded from "
-                         ".safetensors only; convert a trusted pickle with safetensors.torch.save_file") from None
+        raise ValueError(f"{path} is not a safetensors file: it looks like {what}. Adapters are "
+                         "loaded from .safetensors only; convert a trusted pickle with "
+                         "safetensors.torch.save_file") from None
 
+# %% ../nbs/43_lora_export.ipynb #a8181860
 def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
-    """`(tensors, metadata)` of an adapter file, metadata parsed (rank int, alpha float, target_modules list,
-    training_config and dataset dicts). Raises `FileNotFoundError`, `ValueError` for a file that is not safetensors
-    or lacks required metadata (format, base_hash, rank, alpha, target_modules), naming what is missing."""
+    """`(tensors, metadata)` of an adapter file, metadata parsed (rank int, alpha float,
+    target_modules list, training_config and dataset dicts). Raises `FileNotFoundError`, and
+    `ValueError` for a file that is not safetensors or lacks required metadata (format, base_hash,
+    rank, alpha, target_modules), naming what is missing."""
     from safetensors.torch import load_file
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"no adapter file at {path}")
@@ -131,65 +149,80 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     bad = {k: v for k, v in meta.items() if not isinstance(v, str)}
     if bad:
         k, v = next(iter(bad.items()))
-        raise ValueError(f"{path.name}: metadata {k!r} is a {type(v).__name__} ({v!r}), but safetensors metadata "
-                         "maps strings to strings (the safetensors library refuses this file): re-save it "
-                         "with string values")
+        raise ValueError(f"{path.name}: metadata {k!r} is a {type(v).__name__} ({v!r}), but "
+                         "safetensors metadata maps strings to strings (the safetensors library "
+                         "refuses this file): re-save it with string values")
     keys = [k for k in header if k != "__metadata__"]
     foreign = None if meta.get("format") == ADAPTER_FORMAT else foreign_layout(keys, meta)
     if foreign:
-        raise ValueError(f"{path.name} is {foreign}. course_lib reads its own adapters ({ADAPTER_FORMAT}: peft "
-                         f"keys such as 'mid_block.attentions.0.to_q.lora_A.weight' and the metadata "
+        raise ValueError(f"{path.name} is {foreign}. course_lib reads its own adapters "
+                         f"({ADAPTER_FORMAT}: peft keys such as "
+                         f"'mid_block.attentions.0.to_q.lora_A.weight' and the metadata "
                          f"{list(REQUIRED_METADATA)}), as save_adapter writes them")
     missing = [k for k in REQUIRED_METADATA if not meta.get(k)]
     if missing:
-        extra = (" Without alpha the scale alpha/rank is unknown and the adapter would load at the wrong strength;"
-                 " re-export it with save_adapter." if "alpha" in missing else "")
+        extra = (" Without alpha the scale alpha/rank is unknown and the adapter would load at the "
+                 "wrong strength; re-export it with save_adapter." if "alpha" in missing else "")
         raise ValueError(f"{path.name}: adapter metadata is missing {missing}.{extra}")
     if meta["format"] != ADAPTER_FORMAT:
-        raise ValueError(f"{path.name}: unknown adapter format {meta['format']!r}; this version reads {ADAPTER_FORMAT!r}")
+        raise ValueError(f"{path.name}: unknown adapter format {meta['format']!r}; this version "
+                         f"reads {ADAPTER_FORMAT!r}")
     meta["rank"], meta["alpha"] = int(meta["rank"]), float(meta["alpha"])
     for k in ("target_modules", "training_config", "dataset", "rank_pattern", "alpha_pattern"):
         meta[k] = json.loads(meta.get(k) or "{}")
     meta["use_rslora"] = json.loads(meta.get("use_rslora") or "false")
     return load_file(str(path)), meta
 
-def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | None = None,
-                 check_base: bool = True) -> dict:
-    """Load the adapter at `path` into `unet` as `adapter_name` (default: the name stored in the file, else the
-    file's stem, with characters other than letters, digits, '_' and '-' turned into '_') and make it the
-    active adapter. Returns the parsed metadata.
-
-    Checks, each a `ValueError` with what to do: the file is safetensors with the required metadata; the base hash
-    matches `base_fingerprint(unet)` (`check_base=False` skips it, at your own risk); every key and shape matches an
-    adapter of the stored rank on the stored target modules (nothing missing, nothing unexpected); the name is not
-    taken. On any failure the model is left as it was."""
-    from peft.functional import get_peft_model_state_dict, set_peft_model_state_dict, delete_adapter
-    tensors, meta = read_adapter(path)
-    name = adapter_name or re.sub(r"[^\w-]", "_", meta.get("adapter_name") or Path(path).stem)
-    if name in adapter_names(unet): raise ValueError(f"the model already has an adapter {name!r}; pass another adapter_name")
-    if check_base:
-        have = base_fingerprint(unet)
-        if have != meta["base_hash"]:
-            raise ValueError(f"{Path(path).name} was trained on base model {meta.get('base_model') or '?'} with weight hash "
-                             f"{meta['base_hash']}, but this model's hash is {have}: load it into that base (or pass "
-                             "check_base=False if you know the weights are equivalent)")
+# %% ../nbs/43_lora_export.ipynb #e6c4fac2
+def _check_adapter_file(unet: nn.Module, path, tensors: dict, meta: dict, name: str,
+                        check_base: bool) -> None:
+    if name in adapter_names(unet):
+        raise ValueError(f"the model already has an adapter {name!r}; pass another adapter_name")
+    if check_base and (have := base_fingerprint(unet)) != meta["base_hash"]:
+        raise ValueError(f"{Path(path).name} was trained on base model "
+                         f"{meta.get('base_model') or '?'} with weight hash {meta['base_hash']}, "
+                         f"but this model's hash is {have}: load it into that base (or pass "
+                         "check_base=False if you know the weights are equivalent)")
     ranks = {t.shape[0] for k, t in tensors.items() if ".lora_A." in k}
     if not ranks <= {meta["rank"], *meta["rank_pattern"].values()}:
-        raise ValueError(f"{Path(path).name}: metadata says rank {meta['rank']} but the lora_A weights have rank(s) {sorted(ranks)}")
+        raise ValueError(f"{Path(path).name}: metadata says rank {meta['rank']} but the lora_A "
+                         f"weights have rank(s) {sorted(ranks)}")
+
+def _check_keys(unet: nn.Module, path, tensors: dict, name: str) -> None:
+    from peft.functional import get_peft_model_state_dict
+    sd = get_peft_model_state_dict(unet, adapter_name=name)
+    want = {k: tuple(v.shape) for k, v in sd.items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    missing, unexpected = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    bad = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+    if missing or unexpected or bad:
+        raise ValueError(f"{Path(path).name} does not fit this model: {len(missing)} missing keys "
+                         f"{missing[:3]}, {len(unexpected)} unexpected keys {unexpected[:3]}, "
+                         f"{len(bad)} shape mismatches {[(k, got[k], want[k]) for k in bad[:3]]}")
+
+# %% ../nbs/43_lora_export.ipynb #1bb53ff4
+def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | None = None,
+                 check_base: bool = True) -> dict:
+    """Load the adapter at `path` into `unet` as `adapter_name` (default: the name stored in the
+    file, else the file's stem, with characters other than letters, digits, '_' and '-' turned into
+    '_') and make it the active adapter. Returns the parsed metadata.
+
+    Checks, each a `ValueError` with what to do: the file is safetensors with the required
+    metadata, the base hash matches `base_fingerprint(unet)` (`check_base=False` skips it, at your
+    own risk), every key and shape matches an adapter of the stored rank on the stored target
+    modules (nothing missing, nothing unexpected), the name is not taken. On any failure the model
+    is left as it was."""
+    from peft.functional import set_peft_model_state_dict, delete_adapter
+    tensors, meta = read_adapter(path)
+    name = adapter_name or re.sub(r"[^\w-]", "_", meta.get("adapter_name") or Path(path).stem)
+    _check_adapter_file(unet, path, tensors, meta, name, check_base)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         add_lora(unet, meta["rank"], meta["alpha"], meta["target_modules"], adapter_name=name,
                  use_rslora=meta["use_rslora"], rank_pattern=meta["rank_pattern"],
                  alpha_pattern=meta["alpha_pattern"])
     try:
-        want = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(unet, adapter_name=name).items()}
-        got = {k: tuple(v.shape) for k, v in tensors.items()}
-        missing, unexpected = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-        bad = sorted(k for k in set(want) & set(got) if want[k] != got[k])
-        if missing or unexpected or bad:
-            raise ValueError(f"{Path(path).name} does not fit this model: {len(missing)} missing keys {missing[:3]}, "
-                             f"{len(unexpected)} unexpected keys {unexpected[:3]}, {len(bad)} shape mismatches "
-                             f"{[(k, got[k], want[k]) for k in bad[:3]]}")
+        _check_keys(unet, path, tensors, name)
         set_peft_model_state_dict(unet, tensors, adapter_name=name)
     except Exception:
         delete_adapter(unet, name, prefix="lora_")
@@ -199,106 +232,38 @@ def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | N
     set_adapters(unet, {name: 1.0})
     return {**meta, "adapter_name": name}
 
-# %% ../nbs/43_lora_export.ipynb #ad7d4dc0
-def _lora_layers(unet):
-    from peft.tuners.lora import LoraLayer
-    return [m for m in unet.modules() if isinstance(m, LoraLayer)]
-
-def set_adapters(unet: nn.Module, weights: str | Sequence[str] | Mapping[str, float]) -> nn.Module:
-    """Activate adapters by name: one name, a list (weight 1 each) or `{name: weight}` (a blend; weight scales
-    `alpha / rank`). An empty selection disables all adapters (the base model). Raises `ValueError` for an unknown
-    name and `RuntimeError` while adapters are merged. Returns `unet`."""
-    if isinstance(weights, str): weights = {weights: 1.0}
-    elif not isinstance(weights, Mapping): weights = {n: 1.0 for n in weights}
-    names = adapter_names(unet)
-    unknown = [n for n in weights if n not in names]
-    if unknown: raise ValueError(f"unknown adapter(s) {unknown}; the model has {names}")
-    layers = _lora_layers(unet)
-    if any(m.merged for m in layers): raise RuntimeError("adapters are merged: call unmerge_adapters(model) before switching")
-    for m in layers:
-        if not weights: m.enable_adapters(False); continue
-        m.enable_adapters(True)
-        m.set_adapter(list(weights))
-        for n, w in weights.items(): m.set_scale(n, float(w))
-    unet.requires_grad_(False)
-    return unet
-
-def active_adapters(unet: nn.Module) -> dict[str, float]:
-    "`{name: weight}` of the active adapters (empty when disabled or none)."
-    out = {}
-    for m in _lora_layers(unet):
-        if m.disable_adapters: return {}
-        for n in m.active_adapters:
-            if n in out or n not in m.scaling: continue
-            unit = m.lora_alpha[n] / (math.sqrt(m.r[n]) if m.use_rslora.get(n) else m.r[n])
-            out[n] = m.scaling[n] / unit
-    return out
-
-def merge_adapters(unet: nn.Module) -> nn.Module:
-    "Fold the active adapters (with their blend weights) into the base weights, in place. Returns `unet`."
-    for m in _lora_layers(unet):
-        if not m.disable_adapters and not m.merged: m.merge(adapter_names=list(m.active_adapters))
-    return unet
-
-def unmerge_adapters(unet: nn.Module) -> nn.Module:
-    "Undo `merge_adapters` (in place). Returns `unet`."
-    for m in _lora_layers(unet):
-        if m.merged: m.unmerge()
-    return unet
-
-def remove_adapter(unet: nn.Module, name: str) -> nn.Module:
-    "Delete adapter `name` from `unet` (unmerge first). Raises `ValueError` for an unknown name."
-    from peft.functional import delete_adapter
-    if name not in adapter_names(unet): raise ValueError(f"unknown adapter {name!r}; the model has {adapter_names(unet)}")
-    unmerge_adapters(unet)
-    delete_adapter(unet, name, prefix="lora_")
-    unet.peft_config.pop(name, None)
-    return unet
-
-# %% ../nbs/43_lora_export.ipynb #814d8656
-def write_style_folder(folder: str | os.PathLike, n: int = 45, style: str = "bold", seed: int = 0, pixels: int = 32) -> Path:
-    """Write `n` real digits 0-8 (scikit-learn's scans, 8x8, as `pixels`-wide PNGs) in a `style` — 'bold': each pixel
-    the max of its 2x2 neighbourhood (thicker strokes) — with captions 'a photo of digit {word}'. Returns the folder.
-    Raises `ValueError` for an unknown style or `pixels` not in (8, 16, 32)."""
-    import numpy as np
-    import torch.nn.functional as F
-    from PIL import Image
-    from course_lib.data import Digits, resize_uint8
-    from course_lib.lora_train import DIGIT_WORDS, BASE_CLASSES
-    if style != "bold": raise ValueError(f"unknown style {style!r}; available: ['bold']")
-    if pixels not in (8, 16, 32): raise ValueError(f"pixels must be 8, 16 or 32, got {pixels!r}")
-    ds = Digits("train", size=8, dtype="uint8", classes=list(BASE_CLASSES))
-    idx = np.random.default_rng(seed).permutation(len(ds))[:n]
-    x = ds.images[torch.as_tensor(idx)].float()
-    x = F.max_pool2d(F.pad(x, (0, 1, 0, 1)), 2, stride=1).to(torch.uint8)        # thicker strokes
-    if pixels != 8: x = resize_uint8(x, pixels)
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
-    for j, (im, y) in enumerate(zip(x, ds.labels[torch.as_tensor(idx)])):
-        Image.fromarray(im[0].numpy(), "L").save(folder/f"{style}_{j:03d}.png")
-        (folder/f"{style}_{j:03d}.txt").write_text(f"a photo of digit {DIGIT_WORDS[int(y)]}\n")
-    return folder
-
-def train_adapter(base: nn.Module, folder: str | os.PathLike, out: str | os.PathLike, config: LoRATrainConfig | None = None,
-                  base_model: str = "", trigger: str | None = None, progress: bool = False) -> Path:
-    """Train a LoRA on the images and captions in `folder` (a `ConceptDataset` at the base's resolution; `base` is
-    copied, not changed) and save it to `out` (.safetensors) with its metadata. Returns the path."""
+# %% ../nbs/43_lora_export.ipynb #8fc9f474
+def train_adapter(base: nn.Module, folder: str | os.PathLike, out: str | os.PathLike,
+                  config: LoRATrainConfig | None = None, base_model: str = "",
+                  trigger: str | None = None, progress: bool = False) -> Path:
+    """Train a LoRA on the images and captions in `folder` (a `ConceptDataset` at the base's
+    resolution, `base` is copied, not changed) and save it to `out` (.safetensors) with its
+    metadata. Returns the path."""
     cfg = config or LoRATrainConfig()
-    ds = ConceptDataset(folder, size=base.ddpm_config.image_size, channels=base.ddpm_config.channels)
+    dcfg = base.ddpm_config
+    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels)
     model = copy.deepcopy(base)
     res = train_lora(model, ds, cfg, progress=progress)
-    return save_adapter(model, out, cfg.adapter_name, base_model=base_model or base.ddpm_config.key(), trigger=trigger,
-                        training_config={**cfg.to_dict(), "seconds": round(res.seconds, 1)}, dataset=ds.summary())
+    training = {**cfg.to_dict(), "seconds": round(res.seconds, 1)}
+    return save_adapter(model, out, cfg.adapter_name, base_model=base_model or dcfg.key(),
+                        trigger=trigger, training_config=training, dataset=ds.summary())
 
-def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | None = None, n_images: int = 40,
-                          progress: bool = False) -> Path:
-    """The adapter file for `kind` ('concept': real nines behind the trigger; 'bold': bold-stroke style) trained on
-    `base` with `config`, from `cache_dir('lora', 'adapters')` or trained there (file lock against concurrent runs).
-    The images are written at the base's own resolution (no resampling: see notebook 42)."""
+# %% ../nbs/43_lora_export.ipynb #4228b720
+def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
+                          n_images: int = 40, progress: bool = False) -> Path:
+    """The adapter file for `kind` ('concept': real nines behind the trigger, 'bold': bold-stroke
+    style) trained on `base` with `config`, from `cache_dir('lora', 'adapters')` or trained there
+    (file lock against concurrent runs). The images are written at the base's own resolution (no
+    resampling: see notebook 42)."""
     from filelock import FileLock
-    if kind not in ("concept", "bold"): raise ValueError(f"unknown adapter kind {kind!r}; choose 'concept' or 'bold'")
+    if kind not in ("concept", "bold"):
+        raise ValueError(f"unknown adapter kind {kind!r}; choose 'concept' or 'bold'")
     cfg = config or LoRATrainConfig(adapter_name=kind)
     px = base.ddpm_config.image_size
-    key = hashlib.sha1(json.dumps([base_fingerprint(base), kind, n_images, px, cfg.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    from course_lib.cache import cache_key
+    setting = {"base": base_fingerprint(base), "kind": kind, "n_images": n_images, "pixels": px,
+               "train": cfg.to_dict()}
+    key = cache_key("lora_adapter", setting, code_version=1)
     folder = cache_dir("lora", "adapters")
     path = folder/f"{kind}-{key}.safetensors"
     with FileLock(str(folder/f"{kind}-{key}.lock")):
@@ -306,97 +271,139 @@ def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | 
             import tempfile as _tf, shutil as _sh
             tmp = Path(_tf.mkdtemp(prefix="lora_data_"))
             try:
-                data = (write_concept_folder(tmp/"nines", n=n_images, pixels=px) if kind == "concept"
-                        else write_style_folder(tmp/"bold", n=n_images, pixels=px))
-                train_adapter(base, data, path, cfg, trigger=cfg.trigger if kind == "concept" else None, progress=progress)
+                write = write_concept_folder if kind == "concept" else write_style_folder
+                data = write(tmp/("nines" if kind == "concept" else "bold"), n=n_images, pixels=px)
+                trigger = cfg.trigger if kind == "concept" else None
+                train_adapter(base, data, path, cfg, trigger=trigger, progress=progress)
             finally: _sh.rmtree(tmp, ignore_errors=True)
     return path
 
 # %% ../nbs/43_lora_export.ipynb #2855b361
-def adapter_gallery(items: Sequence[tuple[str, Mapping, torch.Tensor]], upscale: int = 6) -> str:
-    """HTML table of adapters: `items` of `(name, metadata, preview images (B, C, H, W))`; shows the trigger word,
-    rank/alpha, image count and a preview grid (PNG, nearest-neighbour `upscale`). Returns the HTML string
-    (display it with `IPython.display.HTML`)."""
+def _png_data_uri(imgs: torch.Tensor, upscale: int) -> str:
+    "A grid of `imgs` (B, C, H, W) as a PNG data URI, each pixel an `upscale` x `upscale` square."
     from PIL import Image
     from course_lib.viz import image_grid
+    im = Image.fromarray(image_grid(imgs, nrow=len(imgs)))
+    im = im.resize((im.width * upscale, im.height * upscale), Image.NEAREST)
+    buf = io.BytesIO()
+    im.save(buf, format="png")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+def adapter_gallery(items: Sequence[tuple[str, Mapping, torch.Tensor]], upscale: int = 6) -> str:
+    """HTML table of adapters: `items` of `(name, metadata, preview images (B, C, H, W))`. Shows the
+    trigger word, rank/alpha, image count and a preview grid (PNG, nearest-neighbour `upscale`).
+    Returns the HTML string (display it with `IPython.display.HTML`)."""
     from html import escape
     rows = []
     for name, meta, imgs in items:
-        im = Image.fromarray(image_grid(imgs, nrow=len(imgs)))
-        im = im.resize((im.width * upscale, im.height * upscale), Image.NEAREST)
-        buf = io.BytesIO(); im.save(buf, format="png")
-        src = base64.b64encode(buf.getvalue()).decode()
         trig = escape(meta.get("trigger") or "(none: always on)")
         n = (meta.get("dataset") or {}).get("n_images", "?")
-        rows.append(f"<tr><td><b>{escape(name)}</b></td><td><code>{trig}</code></td><td>{meta.get('rank')}/{meta.get('alpha')}</td>"
-                    f"<td>{n}</td><td><img src='data:image/png;base64,{src}'/></td></tr>")
-    return ("<table><tr><th>adapter</th><th>trigger</th><th>rank/alpha</th><th>images</th><th>preview</th></tr>"
-            + "".join(rows) + "</table>")
+        cells = [f"<b>{escape(name)}</b>", f"<code>{trig}</code>",
+                 f"{meta.get('rank')}/{meta.get('alpha')}", f"{n}",
+                 f"<img src='{_png_data_uri(imgs, upscale)}'/>"]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    heads = ("adapter", "trigger", "rank/alpha", "images", "preview")
+    head = "".join(f"<th>{h}</th>" for h in heads)
+    return f"<table><tr>{head}</tr>" + "".join(rows) + "</table>"
 
 # %% ../nbs/43_lora_export.ipynb #38c3b230
+def _lora_parser():
+    "The `course lora` argument parser: `train`, `info` and `generate`."
+    import argparse
+    p = argparse.ArgumentParser(prog="course lora",
+                                description="train, inspect and use LoRA adapters (unit 4)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train",
+                       help="train an adapter on a folder of images (+ caption .txt files)")
+    t.add_argument("folder", type=Path)
+    t.add_argument("out", type=Path)
+    for flag, kind, default in [("--rank", int, 8), ("--alpha", float, None), ("--lr", float, 3e-3),
+                                ("--steps", int, 600), ("--batch-size", int, 16),
+                                ("--prior-images", int, 256), ("--trigger", str, TRIGGER),
+                                ("--base-steps", int, 1000)]:
+        t.add_argument(flag, type=kind, default=default)
+    t.add_argument("--log", type=Path, default=None, help="path stem for the CSV/JSONL metrics")
+    i = sub.add_parser("info", help="print an adapter's metadata")
+    i.add_argument("adapter", type=Path)
+    gp = sub.add_parser("generate", help="generate a grid of images for a prompt")
+    gp.add_argument("prompt")
+    gp.add_argument("out", type=Path)
+    gp.add_argument("--adapter", action="append", default=[],
+                    help="PATH or PATH=WEIGHT (repeatable)")
+    for flag, default in [("--n", 16), ("--seed", 0), ("--steps", 20), ("--base-steps", 1000)]:
+        gp.add_argument(flag, type=int, default=default)
+    return p
+
+# %% ../nbs/43_lora_export.ipynb #bd11f80b
+def _lora_train(a, err) -> int:
+    if a.out.suffix != ".safetensors":
+        return err(f"OUT must end in .safetensors, got {a.out.name!r}")
+    if not a.folder.is_dir():                                       # before loading the base
+        return err(f"image folder {a.folder} does not exist")
+    base = load_base(base_config(a.base_steps))
+    cfg = LoRATrainConfig(rank=a.rank, alpha=a.alpha or float(a.rank), lr=a.lr, steps=a.steps,
+                          batch_size=a.batch_size, prior_images=a.prior_images, trigger=a.trigger,
+                          preview_every=0)
+    ds = ConceptDataset(a.folder, size=base.ddpm_config.image_size, trigger=None)
+    model = copy.deepcopy(base)
+    res = train_lora(model, ds, cfg, log=a.log, progress=True)
+    save_adapter(model, a.out, cfg.adapter_name, base.ddpm_config.key(), a.trigger, cfg.to_dict(),
+                 ds.summary())
+    print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.1f} KB) after {len(res.history)} steps, "
+          f"final loss {res.history[-1]['loss']:.4f}")
+    return 0
+
+# %% ../nbs/43_lora_export.ipynb #50597d25
+def _lora_generate(a, err) -> int:
+    from course_lib.viz import save_image_grid
+    base = load_base(base_config(a.base_steps))
+    weights, triggers = {}, []
+    for spec in a.adapter:
+        path, _, w = spec.partition("=")
+        name = re.sub(r"[^\w-]", "_", Path(path).stem)
+        while name in weights: name += "_"
+        try: meta = load_adapter(base, path, adapter_name=name)
+        except ValueError as e:    # on the command line, the base is chosen by --base-steps
+            if "weight hash" not in str(e): raise
+            return err(f"{e.args[0].split(': load it')[0]}: pass the --base-steps the adapter was "
+                       f"trained with (this run used --base-steps {a.base_steps})")
+        weights[meta["adapter_name"]] = float(w) if w else 1.0
+        triggers.append(meta.get("trigger"))
+    set_adapters(base, weights)
+    trigger = next((t for t in triggers if t), TRIGGER)    # the word the adapter was trained with
+    x = generate(base, a.prompt, n=a.n, seed=a.seed, num_inference_steps=a.steps, trigger=trigger)
+    save_image_grid(x, a.out, upscale=4)
+    print(f"wrote {a.out}")
+    return 0
+
+# %% ../nbs/43_lora_export.ipynb #3686b760
 def lora_main(argv: list[str]) -> int:
     """`course lora` command. Subcommands:
-    - `train FOLDER OUT.safetensors [--rank R --alpha A --lr LR --steps N --batch-size B --base-steps N --trigger W]`
+
+    - `train FOLDER OUT.safetensors [--rank R --alpha A --lr LR --steps N --batch-size B
+      --base-steps N --trigger W]`
     - `info ADAPTER.safetensors` (prints the metadata as JSON)
-    - `generate PROMPT OUT.png [--adapter PATH[=WEIGHT] ...] [--n N --seed S --steps N --base-steps N]`
-    Returns 0 on success, 2 for bad arguments or an unusable file/folder (with the reason on stderr)."""
-    import argparse, sys
-    p = argparse.ArgumentParser(prog="course lora", description="train, inspect and use LoRA adapters (unit 4)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train an adapter on a folder of images (+ caption .txt files)")
-    t.add_argument("folder", type=Path); t.add_argument("out", type=Path)
-    t.add_argument("--rank", type=int, default=8); t.add_argument("--alpha", type=float, default=None)
-    t.add_argument("--lr", type=float, default=3e-3); t.add_argument("--steps", type=int, default=600)
-    t.add_argument("--batch-size", type=int, default=16); t.add_argument("--prior-images", type=int, default=256)
-    t.add_argument("--trigger", default=TRIGGER); t.add_argument("--base-steps", type=int, default=1000)
-    t.add_argument("--log", type=Path, default=None, help="path stem for the CSV/JSONL metrics")
-    i = sub.add_parser("info", help="print an adapter's metadata"); i.add_argument("adapter", type=Path)
-    gp = sub.add_parser("generate", help="generate a grid of images for a prompt")
-    gp.add_argument("prompt"); gp.add_argument("out", type=Path)
-    gp.add_argument("--adapter", action="append", default=[], help="PATH or PATH=WEIGHT (repeatable)")
-    gp.add_argument("--n", type=int, default=16); gp.add_argument("--seed", type=int, default=0)
-    gp.add_argument("--steps", type=int, default=20); gp.add_argument("--base-steps", type=int, default=1000)
-    try: a = p.parse_args(argv)
+    - `generate PROMPT OUT.png [--adapter PATH[=WEIGHT] ...] [--n N --seed S --steps N
+      --base-steps N]`
+
+    Returns 0 on success, 2 for bad arguments or an unusable file/folder (with the reason on
+    stderr)."""
+    import sys
+    try: a = _lora_parser().parse_args(argv)
     except SystemExit as e: return int(e.code or 0) and 2
-    err = lambda m: (print(f"course lora {a.cmd}: {m}", file=sys.stderr), 2)[1]
-    low = [f"--{k.replace('_', '-')} {getattr(a, k)}" for k in ("base_steps", "n", "steps") if getattr(a, k, 1) < 1]
+    def err(m):
+        print(f"course lora {a.cmd}: {m}", file=sys.stderr)
+        return 2
+    low = [f"--{k.replace('_', '-')} {getattr(a, k)}" for k in ("base_steps", "n", "steps")
+           if getattr(a, k, 1) < 1]
     if low: return err(f"{', '.join(low)}: must be >= 1")
     try:
         if a.cmd == "info":
             _, meta = read_adapter(a.adapter)
-            print(json.dumps(meta, indent=1)); return 0
-        if a.cmd == "train":
-            if a.out.suffix != ".safetensors": return err(f"OUT must end in .safetensors, got {a.out.name!r}")
-            if not a.folder.is_dir(): return err(f"image folder {a.folder} does not exist")   # before the base
-            base = load_base(base_config(a.base_steps))
-            cfg = LoRATrainConfig(rank=a.rank, alpha=a.alpha or float(a.rank), lr=a.lr, steps=a.steps, batch_size=a.batch_size,
-                                  prior_images=a.prior_images, trigger=a.trigger, preview_every=0)
-            ds = ConceptDataset(a.folder, size=base.ddpm_config.image_size, trigger=None)
-            model = copy.deepcopy(base)
-            res = train_lora(model, ds, cfg, log=a.log, progress=True)
-            save_adapter(model, a.out, cfg.adapter_name, base.ddpm_config.key(), a.trigger, cfg.to_dict(), ds.summary())
-            print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.1f} KB) after {len(res.history)} steps, "
-                  f"final loss {res.history[-1]['loss']:.4f}")
+            print(json.dumps(meta, indent=1))
             return 0
-        if a.cmd == "generate":
-            from course_lib.viz import save_image_grid
-            base = load_base(base_config(a.base_steps))
-            weights, triggers = {}, []
-            for spec in a.adapter:
-                path, _, w = spec.partition("=")
-                name = re.sub(r"[^\w-]", "_", Path(path).stem)
-                while name in weights: name += "_"
-                try: meta = load_adapter(base, path, adapter_name=name)
-                except ValueError as e:    # on the command line, the base is chosen by --base-steps
-                    if "weight hash" not in str(e): raise
-                    return err(f"{e.args[0].split(': load it')[0]}: pass the --base-steps the adapter was "
-                               f"trained with (this run used --base-steps {a.base_steps})")
-                weights[meta["adapter_name"]] = float(w) if w else 1.0
-                triggers.append(meta.get("trigger"))
-            set_adapters(base, weights)
-            trigger = next((t for t in triggers if t), TRIGGER)    # the word the adapter was trained with
-            x = generate(base, a.prompt, n=a.n, seed=a.seed, num_inference_steps=a.steps, trigger=trigger)
-            save_image_grid(x, a.out, upscale=4); print(f"wrote {a.out}"); return 0
+        if a.cmd == "train": return _lora_train(a, err)
+        if a.cmd == "generate": return _lora_generate(a, err)
     except (ValueError, FileNotFoundError, NotADirectoryError) as e:
         return err(str(e))
     return 2

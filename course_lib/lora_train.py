@@ -4,8 +4,9 @@
 
 # %% ../nbs/42_lora_training.ipynb #0281cbc5
 from __future__ import annotations
-import contextlib, copy, csv, io, json, math, os, re, threading, time, weakref
+import contextlib, copy, csv, io, json, math, os, threading, time
 from dataclasses import dataclass, asdict
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -13,141 +14,36 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from .core import grad_enabled, get_device
-from .ddpm import DDPMConfig, diffusion_target, load_pretrained_ddpm, make_scheduler, sample
-from .lora_data import CONCEPT_DIGIT, TRIGGER, ConceptDataset
+from .ddpm import DDPMConfig, diffusion_target, make_scheduler, sample
+from .lora import (LORA_TARGETS, PeakMemory, adapter_file_bytes, add_lora,
+                             check_target_modules, training_state_bytes)
+from .lora_data import (BASE_CLASSES, BASE_RECIPE, CONCEPT_DIGIT, DIGIT_WORDS,
+                                  NUM_CLASSES, TRIGGER, ConceptDataset, base_config, encode_prompt,
+                                  generate, load_base)
+from .core import patch_to
+
+# defined in other modules now: `from course_lib.lora_train import ...` keeps working
+_all_ = ["check_target_modules", "adapter_file_bytes", "BASE_RECIPE", "NUM_CLASSES", "base_config",
+         "load_base", "encode_prompt"]
 
 # %% auto #0
-__all__ = ['BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WORDS', 'BASE_RECIPE', 'LORA_TARGETS', 'base_config', 'load_base',
-           'encode_prompt', 'generate', 'check_target_modules', 'add_lora', 'LoRATrainConfig', 'MetricsLog',
-           'TrainResult', 'PeakMemory', 'prior_set', 'train_lora', 'loss_figure', 'LoRADashboard', 'concept_report',
-           'adapter_file_bytes']
-
-# %% ../nbs/42_lora_training.ipynb #e1b4475d
-BASE_CLASSES = tuple(range(9))
-NUM_CLASSES = 10
-DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-
-BASE_RECIPE = dict(block_out_channels=(32, 64, 64), norm_num_groups=16, batch_size=64, lr=3e-3, warmup_steps=30,
-                   ema_decay=0.98, checkpoint_every=100)
-
-def base_config(steps: int = 1000, **kw) -> DDPMConfig:
-    """The unit's base model: a unit 1 `DDPMConfig` (a 3-level UNet of 32-64-64 channels, `BASE_RECIPE`) trained for
-    `steps` steps, class-conditional with `num_classes=10`, on digits 0-8 only (`classes`); class 9 is the reserved
-    trigger slot. `kw` override any field."""
-    return DDPMConfig(**{**BASE_RECIPE, "classes": BASE_CLASSES, "num_classes": NUM_CLASSES, "steps": steps, **kw})
-
-def load_base(config: DDPMConfig | None = None, device=None, progress: bool = True) -> nn.Module:
-    """The base `UNet2DModel` for `config` (default `base_config()`), from the course cache or trained there
-    (`course_lib.ddpm.load_pretrained_ddpm`). `model.ddpm_config` holds the config."""
-    return load_pretrained_ddpm(config or base_config(), device=device, progress=progress)
-
-def encode_prompt(prompt: str, trigger: str = TRIGGER, trigger_class: int = CONCEPT_DIGIT,
-                  known: Sequence[int] = BASE_CLASSES) -> int:
-    """The class index a prompt conditions on: `trigger_class` if the trigger word appears (as a word), else the
-    first known digit named as a word ('three') or a numeral ('3'). Case-insensitive.
-    Raises `ValueError` naming the prompt when it names nothing the model knows."""
-    words = re.findall(r"[a-z0-9]+", prompt.lower())
-    if trigger and trigger.lower() in words: return trigger_class
-    for w in words:
-        d = DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) if w.isdigit() and len(w) == 1 else None
-        if d is not None and d in known: return d
-    raise ValueError(f"prompt {prompt!r} names no digit the model knows ({[DIGIT_WORDS[k] for k in known]}) "
-                     f"and no trigger word {trigger!r}")
-
-# %% ../nbs/42_lora_training.ipynb #490498aa
-@torch.no_grad()
-def generate(unet: nn.Module, prompts: str | Sequence[str], n: int | None = None, seed: int = 0,
-             num_inference_steps: int = 20, trigger: str = TRIGGER, sampler: str = "dpm++") -> torch.Tensor:
-    """Images for `prompts` (one prompt repeated `n` times, or one image per prompt) with unit 1's `sample` and a
-    `make_scheduler(sampler)` of the model's `ddpm_config` (default 'dpm++': DPM-Solver++ 2M SDE with unit 1's
-    recommended settings). Same prompts, seed, steps and adapters give the same images: x_T and the sampler's noise
-    are drawn from one `torch.Generator(seed)` on the CPU.
-    Returns `(N, C, H, W)` float32 in [-1, 1]. Raises `ValueError` for a prompt `encode_prompt` cannot read."""
-    prompts = [prompts] * (n or 1) if isinstance(prompts, str) else list(prompts)
-    labels = [encode_prompt(p, trigger) for p in prompts]
-    cfg = unet.ddpm_config
-    g = torch.Generator().manual_seed(seed)
-    return sample(unet, make_scheduler(sampler, cfg), len(labels), num_inference_steps, generator=g, class_labels=labels)[1]
-
-# %% ../nbs/42_lora_training.ipynb #c616b6b4
-LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "time_emb_proj")
-
-def check_target_modules(model: nn.Module, target_modules: str | Sequence[str]) -> str | tuple[str, ...]:
-    """`target_modules` checked against `model`. A sequence is a list of names, each matching a module named so
-    or ending in `.name` (as in peft); a string is one such name when a module has it (`"to_q"`), else a
-    regular expression matched against whole module names (`re.fullmatch`, as peft reads a string).
-    Returns the names as a tuple, or the regular expression. Raises `TypeError` for another type and `ValueError` naming
-    every entry (or the expression) that matches no module of `model`, with the closest module names."""
-    import difflib, re
-    names = [n for n, _ in model.named_modules() if n]
-    leaves = sorted({n.split(".")[-1] for n in names})
-    if isinstance(target_modules, str) and any(n == target_modules or n.endswith("." + target_modules)
-                                               for n in names):
-        return (target_modules,)
-    if isinstance(target_modules, str):
-        if not any(re.fullmatch(target_modules, n) for n in names):
-            hint = difflib.get_close_matches(target_modules, leaves, n=2)
-            raise ValueError(f"target_modules={target_modules!r} is neither a module name of the model "
-                             f"{f'(did you mean {hint}?) ' if hint else ''}nor a regular expression matching "
-                             f"whole module names such as {names[-1]!r}")
-        return target_modules
-    if not isinstance(target_modules, (list, tuple)) or not all(isinstance(t, str) for t in target_modules):
-        raise TypeError(f"target_modules must be a string (a regular expression) or a list of module names, "
-                        f"got {target_modules!r}")
-    unmatched = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if unmatched:
-        hints = {t: difflib.get_close_matches(t, leaves, n=2) for t in unmatched}
-        raise ValueError("target_modules entries that match no module of the model: " + ", ".join(
-            f"{t!r} (did you mean {h}?)" if h else repr(t) for t, h in hints.items()))
-    return tuple(target_modules)
-
-# %% ../nbs/42_lora_training.ipynb #0e4ddfe7
-def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
-             target_modules: str | Sequence[str] = LORA_TARGETS, adapter_name: str = "default",
-             dropout: float = 0.0, use_rslora: bool = False, rank_pattern: dict | None = None,
-             alpha_pattern: dict | None = None) -> nn.Module:
-    """Inject a `peft` LoRA adapter `adapter_name` (rank `rank`, `lora_alpha=alpha`, default `rank`) into `unet`'s
-    `target_modules` (see `check_target_modules`) in place, freeze every other parameter, and return `unet`.
-    `use_rslora` (scale alpha / sqrt(rank)), `rank_pattern`, `alpha_pattern`: as in peft's `LoraConfig`.
-    The new layers follow the mode of the layer they wrap (an eval model's dropout stays off). Several adapters
-    can live in one model (see `course_lib.lora_io`). Raises `ValueError` for a bad rank, alpha or adapter
-    name, and when a target matches no module."""
-    import re
-    from peft import LoraConfig
-    from peft.functional import inject_adapter_in_model
-    from peft.tuners.lora import LoraLayer
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"rank must be a positive int, got {rank!r}")
-    alpha = float(rank if alpha is None else alpha)
-    if alpha <= 0: raise ValueError(f"alpha must be positive, got {alpha!r}")
-    if not isinstance(adapter_name, str) or not re.fullmatch(r"[\w-]+", adapter_name):
-        raise ValueError(f"adapter_name must be letters, digits, '_' or '-' (peft keeps adapters in module "
-                         f"dicts, whose keys cannot hold '.'), got {adapter_name!r}")
-    if adapter_name in getattr(unet, "peft_config", {}):
-        raise ValueError(f"the model already has an adapter {adapter_name!r} (adding it again would replace its "
-                         "weights): pass another adapter_name, or remove_adapter it first")
-    targets = check_target_modules(unet, target_modules)
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets if isinstance(targets, str) else list(targets),
-                     lora_dropout=dropout, init_lora_weights=True, use_rslora=use_rslora,
-                     rank_pattern=dict(rank_pattern or {}), alpha_pattern=dict(alpha_pattern or {}))
-    inject_adapter_in_model(cfg, unet, adapter_name=adapter_name)
-    for m in unet.modules():
-        if isinstance(m, LoraLayer): m.train(m.get_base_layer().training)
-    for n, p in unet.named_parameters(): p.requires_grad_(f".{adapter_name}." in n and "lora_" in n)
-    return unet
+__all__ = ['LoRATrainConfig', 'MetricsLog', 'TrainResult', 'prior_set', 'diffusion_loss', 'train_lora', 'loss_figure',
+           'LoRADashboard', 'concept_report', 'check_target_modules', 'adapter_file_bytes', 'BASE_RECIPE',
+           'NUM_CLASSES', 'base_config', 'load_base', 'encode_prompt']
 
 # %% ../nbs/42_lora_training.ipynb #b2fd4143
 @dataclass
 class LoRATrainConfig:
-    """One LoRA (or full fine-tuning) run. `rank`, `alpha`: the adapter; `lr`: AdamW; `steps`, `batch_size`: concept
-    images per step; `preview_every`: preview grid every N steps (0: never); `target_modules`; `adapter_name`;
-    `trigger`: the trigger word; `prior_images`: base-model samples of the known classes kept in training
-    (DreamBooth prior preservation; 0: off), weighted `prior_weight`; `full_finetune`: train every weight instead
-    (no adapter); `grad_clip`: max global norm; `seed`."""
+    """One LoRA (or full fine-tuning) run.
+
+    - `rank`, `alpha`: the adapter, `lr`: AdamW's learning rate, `steps`, `batch_size`: concept
+      images per step, `preview_every`: preview grid every N steps (0: never).
+    - `target_modules`, `adapter_name`, `trigger`: the trigger word.
+    - `prior_images`: base-model samples of the known classes kept in training (DreamBooth prior
+      preservation, 0: off), weighted `prior_weight`.
+    - `full_finetune`: train every weight instead (no adapter), `grad_clip`: max global norm."""
     rank: int = 8
     alpha: float = 8.0
     lr: float = 3e-3
@@ -163,28 +59,36 @@ class LoRATrainConfig:
     grad_clip: float | None = 1.0
     seed: int = 0
 
-    def __post_init__(self):
-        if isinstance(self.target_modules, str): pass       # one regular expression, as in peft
-        elif isinstance(self.target_modules, (list, tuple)) and all(isinstance(t, str) for t in self.target_modules):
-            self.target_modules = tuple(self.target_modules)
-        else: raise TypeError(f"target_modules must be a string (a regular expression) or a list of module names, "
-                              f"got {self.target_modules!r}")
-        for k in ("steps", "batch_size", "rank"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be a positive int, got {v!r}")
-        if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr!r}")
-        if not self.alpha > 0: raise ValueError(f"alpha must be positive, got {self.alpha!r}")
-        if self.prior_images < 0 or self.preview_every < 0: raise ValueError("prior_images and preview_every must be >= 0")
+    def __post_init__(self): _check_train_config(self)
     def to_dict(self) -> dict: return asdict(self)
 
+# %% ../nbs/42_lora_training.ipynb #a178cc4d
+def _check_train_config(c: LoRATrainConfig) -> None:
+    t = c.target_modules                         # a string is one regular expression, as in peft
+    if not isinstance(t, str) and not (isinstance(t, (list, tuple))
+                                       and all(isinstance(s, str) for s in t)):
+        raise TypeError(f"target_modules must be a string (a regular expression) or a list of "
+                        f"module names, got {t!r}")
+    if not isinstance(t, str): c.target_modules = tuple(t)
+    for k in ("steps", "batch_size", "rank"):
+        v = getattr(c, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive int, got {v!r}")
+    if not c.lr > 0: raise ValueError(f"lr must be positive, got {c.lr!r}")
+    if not c.alpha > 0: raise ValueError(f"alpha must be positive, got {c.alpha!r}")
+    if c.prior_images < 0 or c.preview_every < 0:
+        raise ValueError("prior_images and preview_every must be >= 0")
+
+# %% ../nbs/42_lora_training.ipynb #9b27f29b
 class MetricsLog:
-    """Append one row (a dict of numbers/strings) per call to `{stem}.jsonl` and `{stem}.csv` (header from the first
-    row's keys); `rows` keeps them in memory. `stem=None` keeps them in memory only."""
+    """Append one row (a dict of numbers/strings) per call to `{stem}.jsonl` and `{stem}.csv`
+    (header from the first row's keys). `rows` keeps them in memory, `stem=None` only there."""
     def __init__(self, stem: str | os.PathLike | None = None):
         self.stem, self.rows, self._keys = (Path(stem) if stem else None), [], None
         if self.stem:
             self.stem.parent.mkdir(parents=True, exist_ok=True)
             for ext in (".jsonl", ".csv"): Path(f"{self.stem}{ext}").unlink(missing_ok=True)
+
     def __call__(self, row: dict) -> None:
         self.rows.append(row)
         if not self.stem: return
@@ -196,9 +100,11 @@ class MetricsLog:
             if first: w.writeheader()
             w.writerow(row)
 
+# %% ../nbs/42_lora_training.ipynb #effdca50
 @dataclass
 class TrainResult:
-    "What `train_lora` returns: the per-step `history`, `previews` [(step, images)], whether it was `stopped`, timings and sizes."
+    """What `train_lora` returns: the per-step `history`, `previews` [(step, images)], whether it
+    was `stopped`, timings and sizes."""
     history: list[dict]
     previews: list[tuple[int, torch.Tensor]]
     stopped: bool
@@ -207,153 +113,165 @@ class TrainResult:
     trainable: int
     total: int                      # parameters of the base model (LoRA weights not counted)
     train_state_bytes: int          # trainable params + their grads + AdamW moments
-    peak_memory_bytes: int          # weights + peak tensor memory of the first step (`PeakMemory`; on a GPU the CUDA peak)
+    peak_memory_bytes: int          # weights + peak tensor memory of the first step (`PeakMemory`;
+                                    # on a GPU the CUDA peak)
     config: dict
 
-def _training_state_bytes(model: nn.Module, opt) -> int:
-    n = sum(p.numel() * p.element_size() * 2 for p in model.parameters() if p.requires_grad)   # weights + grads
-    for st in opt.state.values():
-        n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v) and v.ndim > 0)
-    return n
-
-class PeakMemory(TorchDispatchMode):
-    """Measure the tensor memory allocated inside a `with PeakMemory() as pm:` block: `pm.live` is the bytes of the
-    storages created there and still alive, `pm.peak` their maximum (activations saved for backward, gradients,
-    optimizer state, temporaries). Storages that existed before (the model's weights) are not counted: add them.
-    Every tensor operation passes through this `TorchDispatchMode`, so it is slow: measure a step, not a run.
-    Works on any device (on a CPU, where `torch.cuda.max_memory_allocated` has no equivalent); views share their
-    storage and count once."""
-    def __init__(self):
-        super().__init__()
-        self.live, self.peak, self._refs = 0, 0, {}
-    def _track(self, t: torch.Tensor):
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._refs or st.device.type == "meta": return
-        n = st.nbytes()
-        self.live += n; self.peak = max(self.peak, self.live)
-        def freed(_, key=key, n=n):
-            self.live -= n; self._refs.pop(key, None)
-        self._refs[key] = weakref.ref(st, freed)       # the storage's Python object lives exactly as long as the storage
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor): self._track(t)
-        return out
-
+# %% ../nbs/42_lora_training.ipynb #fc345517
 @torch.no_grad()
 def prior_set(base: nn.Module, n: int, classes: Sequence[int] = BASE_CLASSES, seed: int = 0,
-              num_inference_steps: int = 20, sampler: str = "dpm++") -> tuple[torch.Tensor, torch.Tensor]:
-    """`n` base-model samples `(n, C, H, W)` in [-1, 1] of `classes` (cycled) and their labels `(n,)`: DreamBooth's
-    class images, drawn with `make_scheduler(sampler)` (a poor sampler here teaches the adapter poor digits)."""
+              num_inference_steps: int = 20,
+              sampler: str = "dpm++") -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` base-model samples `(n, C, H, W)` in [-1, 1] of `classes` (cycled) and their labels
+    `(n,)`: DreamBooth's class images, drawn with `make_scheduler(sampler)` (a poor sampler here
+    teaches the adapter poor digits)."""
     y = torch.tensor([classes[i % len(classes)] for i in range(n)])
     g = torch.Generator().manual_seed(seed)
-    x = sample(base, make_scheduler(sampler, base.ddpm_config), n, num_inference_steps, generator=g, class_labels=y)[1]
-    return x, y
+    scheduler = make_scheduler(sampler, base.ddpm_config)
+    return sample(base, scheduler, n, num_inference_steps, generator=g, class_labels=y)[1], y
 
+# %% ../nbs/42_lora_training.ipynb #e446b47d
+def diffusion_loss(model: nn.Module, schedule, dcfg: DDPMConfig, x0: torch.Tensor, y: torch.Tensor,
+                   gen: torch.Generator, device) -> torch.Tensor:
+    """Unit 1's loss on a batch `x0` `(B, C, H, W)` in [-1, 1] with class labels `y` `(B,)`: MSE
+    between the model's output and `diffusion_target` for `dcfg.prediction_type`. `t` and `eps` are
+    drawn from `gen` on the CPU."""
+    t = torch.randint(0, dcfg.num_train_timesteps, (len(x0),), generator=gen)
+    eps = torch.randn(x0.shape, generator=gen)
+    xt = schedule.q_sample(x0, t, eps)                        # x_t = sqrt(ab) x0 + sqrt(1 - ab) eps
+    out = model(xt.to(device), t.to(device), class_labels=y.to(device)).sample
+    target = diffusion_target(schedule, x0, eps, t, dcfg.prediction_type)
+    return F.mse_loss(out.float(), target.to(device))
+
+# %% ../nbs/42_lora_training.ipynb #dda5bdd4
+def _train_step(loss_on: Callable, batch: tuple, prior, cfg: LoRATrainConfig, acc, opt, params,
+                gen: torch.Generator, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    "One optimizer step on the concept `batch` (+ prior images). Returns the three losses."
+    loss_c = loss_on(*batch)
+    loss = loss_c
+    loss_p = torch.zeros(())
+    if prior is not None and len(prior[0]):
+        j = torch.randint(0, len(prior[0]), (cfg.batch_size,), generator=gen)
+        loss_p = loss_on(prior[0][j], prior[1][j])
+        loss = loss_c + cfg.prior_weight * loss_p
+    if not math.isfinite(loss.item()):
+        raise FloatingPointError(f"train_lora: loss is {loss.item()} at step {step}; "
+                                 f"lower lr (now {cfg.lr})")
+    acc.backward(loss)
+    if cfg.grad_clip: acc.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss, loss_c, loss_p
+
+# %% ../nbs/42_lora_training.ipynb #c0f04041
+def _prepare(unet: nn.Module, dataset: ConceptDataset, cfg: LoRATrainConfig, prior):
+    "Checks, prior set, adapter, optimizer, accelerate: `(acc, model, opt, params, prior, labels)`."
+    from accelerate import Accelerator
+    dcfg: DDPMConfig = unet.ddpm_config
+    if dataset.size != dcfg.image_size or dataset.channels != dcfg.channels:
+        raise ValueError(f"dataset images are {dataset.channels}x{dataset.size}x{dataset.size} but "
+                         f"the model wants {dcfg.channels}x{dcfg.image_size}x{dcfg.image_size}: "
+                         f"use ConceptDataset(size={dcfg.image_size})")
+    labels = torch.tensor([encode_prompt(c, cfg.trigger) for c in dataset.captions])
+    torch.manual_seed(cfg.seed)
+    if prior is None and cfg.prior_images:
+        prior = prior_set(unet, cfg.prior_images, seed=cfg.seed + 1)
+    if cfg.full_finetune: unet.requires_grad_(True)
+    else: add_lora(unet, cfg.rank, cfg.alpha, cfg.target_modules, cfg.adapter_name)
+    params = [p for p in unet.parameters() if p.requires_grad]
+    acc = Accelerator(cpu=get_device().type == "cpu")
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    model, opt = acc.prepare(unet, opt)
+    if acc.device.type == "cuda": torch.cuda.reset_peak_memory_stats()
+    model.train()
+    return acc, model, opt, params, prior, labels
+
+# %% ../nbs/42_lora_training.ipynb #c188510e
+def _preview(acc, model: nn.Module, cfg: LoRATrainConfig, step: int,
+             previews: list) -> torch.Tensor | None:
+    "Images for the trigger after step `step` (0-based) when one is due (also added to `previews`)."
+    if not cfg.preview_every: return None
+    if (step + 1) % cfg.preview_every and step + 1 != cfg.steps: return None
+    model.eval()
+    preview = generate(acc.unwrap_model(model), f"a photo of {cfg.trigger} digit", n=8,
+                       seed=cfg.seed, num_inference_steps=20, trigger=cfg.trigger)
+    model.train()
+    previews.append((step + 1, preview))
+    return preview
+
+# %% ../nbs/42_lora_training.ipynb #b88d644f
 @grad_enabled
 def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig | None = None,
                callback: Callable[[dict, torch.Tensor | None], None] | None = None,
                stop_event: threading.Event | None = None, log: str | os.PathLike | None = None,
-               prior: tuple[torch.Tensor, torch.Tensor] | None = None, progress: bool = True) -> TrainResult:
-    """Train a LoRA adapter (`config.full_finetune=False`: `add_lora` is called on `unet`, in place) or every weight
-    of `unet` on `dataset` (images + captions, each caption read by `encode_prompt`), with an `accelerate` loop.
-
-    `unet`: a base from `load_base` (needs `.ddpm_config` for the noise schedule and prediction type; it is put in
-    train mode and modified in place). `callback(row, preview)` after every step (`preview`: images for the trigger
-    every `preview_every` steps, else None); `stop_event.set()` stops after the current step (the dashboard's stop
-    button); `log`: a path stem for `{log}.csv` and `{log}.jsonl`; `prior`: the prior-preservation set
-    (default `prior_set(unet, config.prior_images)` drawn before the adapter is added).
-    The first step runs under `PeakMemory` (peak memory on any device); `s_per_step` is the time of the training
-    steps alone (the second step on; previews and callbacks excluded). Returns a `TrainResult`. Raises `ValueError` when the dataset's image size differs from the model's, or a
-    caption names nothing the model knows; `FloatingPointError` on a NaN loss."""
-    from accelerate import Accelerator
+               prior: tuple[torch.Tensor, torch.Tensor] | None = None,
+               progress: bool = True) -> TrainResult:
+    """Train a LoRA adapter (`add_lora` on `unet`, in place) or, with `config.full_finetune`, every
+    weight of `unet` (a `load_base` model, with its `.ddpm_config`) on `dataset`, each caption read
+    by `encode_prompt`, with an `accelerate` loop. `callback(row, preview)` runs after every step,
+    `stop_event.set()` stops after the current step, `log` is a path stem for `{log}.csv` and
+    `{log}.jsonl`, `prior` the prior-preservation set (default: `prior_set` of `unet`). Returns a
+    `TrainResult`. Raises `ValueError` when the images' size differs from the model's or a caption
+    names nothing the model knows, `FloatingPointError` on a NaN loss."""
     from tqdm.auto import tqdm
-    cfg = config or LoRATrainConfig()
-    dcfg: DDPMConfig = unet.ddpm_config
-    if dataset.size != dcfg.image_size or dataset.channels != dcfg.channels:
-        raise ValueError(f"dataset images are {dataset.channels}x{dataset.size}x{dataset.size} but the model wants "
-                         f"{dcfg.channels}x{dcfg.image_size}x{dcfg.image_size}: use ConceptDataset(size={dcfg.image_size})")
-    labels_all = torch.tensor([encode_prompt(c, cfg.trigger) for c in dataset.captions])
-    torch.manual_seed(cfg.seed)
-    if prior is None and cfg.prior_images: prior = prior_set(unet, cfg.prior_images, seed=cfg.seed + 1)
-    if cfg.full_finetune: unet.requires_grad_(True)
-    else: add_lora(unet, cfg.rank, cfg.alpha, cfg.target_modules, cfg.adapter_name)
-    params = [p for p in unet.parameters() if p.requires_grad]
-    dev = get_device()
-    acc = Accelerator(cpu=dev.type == "cpu")
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    model, opt = acc.prepare(unet, opt)
-    schedule = dcfg.schedule()
-    gen = torch.Generator().manual_seed(cfg.seed)
-    logger = MetricsLog(log)
-    if acc.device.type == "cuda": torch.cuda.reset_peak_memory_stats()
-    model.train()
-    previews, stopped, t0, t_steps = [], False, time.time(), 0.0
-    weights = sum(p.numel() * p.element_size() for p in unet.parameters())
-    pm = PeakMemory()
-    n_tr = sum(p.numel() for p in params)
-    n_tot = sum(p.numel() for n, p in unet.named_parameters() if "lora_" not in n)       # the base model's parameters
-    def loss_on(x0, y):
-        t = torch.randint(0, dcfg.num_train_timesteps, (len(x0),), generator=gen)
-        eps = torch.randn(x0.shape, generator=gen)
-        xt = schedule.q_sample(x0, t, eps)                                   # x_t = sqrt(ab) x0 + sqrt(1 - ab) eps
-        out = model(xt.to(acc.device), t.to(acc.device), class_labels=y.to(acc.device)).sample
-        return F.mse_loss(out.float(), diffusion_target(schedule, x0, eps, t, dcfg.prediction_type).to(acc.device))
-    step = 0
-    for step in tqdm(range(cfg.steps), disable=not progress, desc="train_lora" if not cfg.full_finetune else "full fine-tune"):
+    cfg, dcfg = config or LoRATrainConfig(), unet.ddpm_config
+    acc, model, opt, params, prior, labels = _prepare(unet, dataset, cfg, prior)
+    gen, logger = torch.Generator().manual_seed(cfg.seed), MetricsLog(log)
+    loss_on = partial(diffusion_loss, model, dcfg.schedule(), dcfg, gen=gen, device=acc.device)
+    previews, stopped, t0, t_steps, pm = [], False, time.time(), 0.0, PeakMemory()
+    desc = "train_lora" if not cfg.full_finetune else "full fine-tune"
+    for step in tqdm(range(cfg.steps), disable=not progress, desc=desc):
         ts = time.time()
         idx = torch.randint(0, len(dataset), (cfg.batch_size,), generator=gen)
-        x0 = torch.stack([dataset[int(i)]["x"] for i in idx])               # (B, C, H, W) in [-1, 1], augmented
+        x0 = torch.stack([dataset[int(i)]["x"] for i in idx])   # (B, C, H, W) in [-1, 1], augmented
         with pm if step == 0 else contextlib.nullcontext():
-            loss_c = loss_on(x0, labels_all[idx % len(dataset.files)])
-            loss = loss_c
-            loss_p = torch.zeros(())
-            if prior is not None and len(prior[0]):
-                j = torch.randint(0, len(prior[0]), (cfg.batch_size,), generator=gen)
-                loss_p = loss_on(prior[0][j], prior[1][j])
-                loss = loss_c + cfg.prior_weight * loss_p
-            if not math.isfinite(loss.item()):
-                raise FloatingPointError(f"train_lora: loss is {loss.item()} at step {step}; lower lr (now {cfg.lr})")
-            acc.backward(loss)
-            if cfg.grad_clip: acc.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step(); opt.zero_grad(set_to_none=True)
+            batch = (x0, labels[idx % len(dataset.files)])
+            loss, loss_c, loss_p = _train_step(loss_on, batch, prior, cfg, acc, opt, params, gen,
+                                               step)
         if step: t_steps += time.time() - ts
-        row = {"step": step + 1, "loss": loss.item(), "concept_loss": loss_c.item(), "prior_loss": loss_p.item(),
-               "lr": cfg.lr, "seconds": round(time.time() - t0, 3)}
+        row = {"step": step + 1, "loss": loss.item(), "concept_loss": loss_c.item(),
+               "prior_loss": loss_p.item(), "lr": cfg.lr, "seconds": round(time.time() - t0, 3)}
         logger(row)
-        preview = None
-        if cfg.preview_every and ((step + 1) % cfg.preview_every == 0 or step + 1 == cfg.steps):
-            model.eval()
-            preview = generate(acc.unwrap_model(model), f"a photo of {cfg.trigger} digit", n=8, seed=cfg.seed, num_inference_steps=20,
-                               trigger=cfg.trigger)
-            model.train()
-            previews.append((step + 1, preview))
+        preview = _preview(acc, model, cfg, step, previews)
         if callback is not None: callback(row, preview)
-        if stop_event is not None and stop_event.is_set(): stopped = True; break
-    t2 = time.time()
-    secs, n_done = t2 - t0, len(logger.rows)
+        if stop_event is not None and stop_event.is_set():
+            stopped = True
+            break
+    return _result(acc, model, opt, params, cfg, logger.rows, previews, stopped, t0, t_steps, pm)
+
+# %% ../nbs/42_lora_training.ipynb #a0eff5bc
+def _result(acc, model, opt, params, cfg, rows, previews, stopped, t0, t_steps, pm) -> TrainResult:
+    secs, n_done = time.time() - t0, len(rows)
     unet = acc.unwrap_model(model).eval()
+    weights = sum(p.numel() * p.element_size() for p in unet.parameters())
     peak = torch.cuda.max_memory_allocated() if acc.device.type == "cuda" else weights + pm.peak
     s_step = t_steps / (n_done - 1) if n_done > 1 else secs
-    return TrainResult(logger.rows, previews, stopped, secs, s_step, n_tr, n_tot,
-                       _training_state_bytes(unet, opt), peak, cfg.to_dict())
+    n_tr = sum(p.numel() for p in params)
+    n_tot = sum(p.numel() for n, p in unet.named_parameters() if "lora_" not in n)   # the base's
+    return TrainResult(rows, previews, stopped, secs, s_step, n_tr, n_tot,
+                       training_state_bytes(unet, opt), peak, cfg.to_dict())
 
 # %% ../nbs/42_lora_training.ipynb #6f67a441
 def _png(fig) -> bytes:
-    buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=80, bbox_inches="tight"); return buf.getvalue()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    return buf.getvalue()
 
 def loss_figure(history: Sequence[dict], title: str = "LoRA training loss"):
-    "A matplotlib `Figure` (not attached to pyplot) of the loss, concept loss and prior loss in `history`."
+    "A matplotlib `Figure` (not attached to pyplot) of the loss, concept loss and prior loss."
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(4.5, 2.6)); ax = fig.subplots()
+    fig = Figure(figsize=(4.5, 2.6))
+    ax = fig.subplots()
     if history:
         s = [r["step"] for r in history]
         for k in ("loss", "concept_loss", "prior_loss"):
-            v = np.array([r[k] for r in history]); w = min(25, len(v))
+            v = np.array([r[k] for r in history])
+            w = min(25, len(v))                                  # a running mean over 25 steps
             ax.plot(s[w - 1:], np.convolve(v, np.ones(w) / w, "valid"), label=k)
-        ax.set_yscale("log"); ax.legend(fontsize=7)
-    ax.set_xlabel("step"); ax.set_title(title, fontsize=9)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("step")
+    ax.set_title(title, fontsize=9)
     return fig
 
 def _in_notebook_frontend() -> bool:
@@ -364,21 +282,27 @@ def _in_notebook_frontend() -> bool:
         return ip is not None and "IPKernelApp" in ip.config
     except ImportError: return False
 
+# %% ../nbs/42_lora_training.ipynb #8b5dd0ed
 class LoRADashboard:
     """Train a LoRA with live controls, loss curve and previews (ipywidgets), or headless.
 
-    `base`: the base model (each run trains a fresh copy, so runs do not stack adapters); `dataset`; `config`: the
-    initial `LoRATrainConfig`; `log`: path stem for the CSV/JSONL metrics; `headless`: None = widgets when running
-    in a live notebook front-end, headless under papermill / `course run` / the tests (`$COURSE_LIB_NOTEBOOK`) or a
-    script. `autostart`: start a run at once. Headless, the run happens inside the constructor.
-    After a run: `.model` (the adapted copy), `.result` (`TrainResult`). `wait()` blocks until the run ends and
-    returns `.result`; `stop()` asks the run to stop after the current step."""
-    def __init__(self, base: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig | None = None,
-                 log: str | os.PathLike | None = None, headless: bool | None = None, autostart: bool = True,
+    - `base`: the base model (each run trains a fresh copy, so runs do not stack adapters).
+    - `config`: the initial `LoRATrainConfig`, `log`: path stem for the CSV/JSONL metrics.
+    - `headless`: None = widgets when running in a live notebook front-end, headless under
+      papermill, `course run`, the tests (`$COURSE_LIB_NOTEBOOK`) or a script.
+    - `autostart`: start a run at once (headless: inside the constructor).
+
+    After a run: `.model` (the adapted copy), `.result` (`TrainResult`). `wait()` blocks until the
+    run ends and returns `.result`, `stop()` asks the run to stop after the current step."""
+    def __init__(self, base: nn.Module, dataset: ConceptDataset,
+                 config: LoRATrainConfig | None = None, log: str | os.PathLike | None = None,
+                 headless: bool | None = None, autostart: bool = True,
                  prior: tuple[torch.Tensor, torch.Tensor] | None = None, progress: bool = True):
-        self.base, self.dataset, self.config, self.log = base, dataset, config or LoRATrainConfig(), log
+        self.base, self.dataset, self.log = base, dataset, log
+        self.config = config or LoRATrainConfig()
         self.headless = (not _in_notebook_frontend()) if headless is None else headless
-        self.model, self.result, self.history, self.prior, self.progress = None, None, [], prior, progress
+        self.model, self.result, self.history, self.prior = None, None, [], prior
+        self.progress = progress
         self._stop, self._thread = threading.Event(), None
         if self.headless:
             if autostart: self._run(self.config)
@@ -386,95 +310,121 @@ class LoRADashboard:
         self._build()
         if autostart: self.start()
 
-    # -- the widgets ----------------------------------------------------------------------------------------
-    def _build(self):
-        import ipywidgets as W
-        from IPython.display import display
-        c = self.config
-        self.w = dict(
-            rank=W.IntSlider(value=c.rank, min=1, max=64, description="rank"),
-            alpha=W.FloatText(value=c.alpha, description="alpha"),
-            lr=W.FloatLogSlider(value=c.lr, base=10, min=-5, max=-1, step=0.25, description="lr", readout_format=".1e"),
-            steps=W.IntText(value=c.steps, description="steps"),
-            batch_size=W.IntSlider(value=c.batch_size, min=1, max=128, description="batch"),
-            preview_every=W.IntText(value=c.preview_every, description="preview every"))
-        self.button = W.Button(description="start", button_style="success", icon="play")
-        self.button.on_click(lambda _: self.stop() if self.running else self.start())
-        self.status = W.HTML("ready")
-        self.curve, self.grid = W.Image(format="png"), W.Image(format="png")
-        controls = W.VBox([*self.w.values(), self.button, self.status])
-        self.ui = W.HBox([controls, W.VBox([self.curve, self.grid])])
-        display(self.ui)
-
-    def _settings(self) -> LoRATrainConfig:
-        if self.headless: return self.config
-        return LoRATrainConfig(**{**self.config.to_dict(), **{k: w.value for k, w in self.w.items()}})
-
-    def _on_step(self, row: dict, preview):
-        self.history.append(row)
-        if self.headless: return
-        n = row["step"]
-        if n % 10 == 0 or n == self._cfg.steps:
-            self.curve.value = _png(loss_figure(self.history))
-            self.status.value = f"step {n}/{self._cfg.steps}, loss {row['loss']:.4f}, {row['seconds']:.0f} s"
-        if preview is not None:
-            from course_lib.viz import image_grid
-            from PIL import Image
-            buf = io.BytesIO()
-            g = Image.fromarray(image_grid(preview, nrow=8))
-            g.resize((g.width * 8, g.height * 8), Image.NEAREST).save(buf, format="png")
-            self.grid.value = buf.getvalue()
-
-    def _run(self, cfg: LoRATrainConfig):
-        self._cfg, self.history = cfg, []
-        model = copy.deepcopy(self.base)
-        try:
-            self.result = train_lora(model, self.dataset, cfg, callback=self._on_step, stop_event=self._stop,
-                                     log=self.log, prior=self.prior, progress=self.progress and self.headless)
-            self.model = model
-            if not self.headless:
-                self.status.value = f"{'stopped' if self.result.stopped else 'done'}: {len(self.history)} steps in {self.result.seconds:.0f} s"
-        except Exception as e:
-            if self.headless: raise
-            self.status.value = f"<b>error</b>: {type(e).__name__}: {e}"
-        finally:
-            if not self.headless:
-                self.button.description, self.button.button_style, self.button.icon = "start", "success", "play"
-
     @property
     def running(self) -> bool: return self._thread is not None and self._thread.is_alive()
 
-    def start(self) -> None:
-        "Start a run with the current control values (in a background thread; headless: now, in the foreground)."
-        if self.running: return
-        self._stop.clear()
-        cfg = self._settings()
-        if self.headless: self._run(cfg); return
-        self.button.description, self.button.button_style, self.button.icon = "stop", "danger", "stop"
-        self._thread = threading.Thread(target=self._run, args=(cfg,), daemon=True)
-        self._thread.start()
+# %% ../nbs/42_lora_training.ipynb #c520cc6d
+@patch_to(LoRADashboard)
+def _build(self):
+    import ipywidgets as W
+    from IPython.display import display
+    c = self.config
+    self.w = dict(
+        rank=W.IntSlider(value=c.rank, min=1, max=64, description="rank"),
+        alpha=W.FloatText(value=c.alpha, description="alpha"),
+        lr=W.FloatLogSlider(value=c.lr, base=10, min=-5, max=-1, step=0.25, description="lr",
+                            readout_format=".1e"),
+        steps=W.IntText(value=c.steps, description="steps"),
+        batch_size=W.IntSlider(value=c.batch_size, min=1, max=128, description="batch"),
+        preview_every=W.IntText(value=c.preview_every, description="preview every"))
+    self.button = W.Button(description="start", button_style="success", icon="play")
+    self.button.on_click(lambda _: self.stop() if self.running else self.start())
+    self.status = W.HTML("ready")
+    self.curve, self.grid = W.Image(format="png"), W.Image(format="png")
+    controls = W.VBox([*self.w.values(), self.button, self.status])
+    self.ui = W.HBox([controls, W.VBox([self.curve, self.grid])])
+    display(self.ui)
 
-    def stop(self) -> None: self._stop.set()
+@patch_to(LoRADashboard)
+def _settings(self) -> LoRATrainConfig:
+    if self.headless: return self.config
+    return LoRATrainConfig(**{**self.config.to_dict(), **{k: w.value for k, w in self.w.items()}})
 
-    def wait(self) -> TrainResult:
-        "Block until the current run ends; returns its `TrainResult` (raises `RuntimeError` if no run finished)."
-        if self._thread is not None: self._thread.join()
-        if self.result is None: raise RuntimeError("no finished run: press start (or call start()) first")
-        return self.result
+# %% ../nbs/42_lora_training.ipynb #5755324e
+@patch_to(LoRADashboard)
+def _on_step(self, row: dict, preview):
+    self.history.append(row)
+    if self.headless: return
+    n = row["step"]
+    if n % 10 == 0 or n == self._cfg.steps:
+        self.curve.value = _png(loss_figure(self.history))
+        self.status.value = (f"step {n}/{self._cfg.steps}, loss {row['loss']:.4f}, "
+                             f"{row['seconds']:.0f} s")
+    if preview is not None:
+        from course_lib.viz import image_grid
+        from PIL import Image
+        buf = io.BytesIO()
+        g = Image.fromarray(image_grid(preview, nrow=8))
+        g.resize((g.width * 8, g.height * 8), Image.NEAREST).save(buf, format="png")
+        self.grid.value = buf.getvalue()
+
+@patch_to(LoRADashboard)
+def _run(self, cfg: LoRATrainConfig):
+    self._cfg, self.history = cfg, []
+    model = copy.deepcopy(self.base)
+    try:
+        self.result = train_lora(model, self.dataset, cfg, callback=self._on_step,
+                                 stop_event=self._stop, log=self.log, prior=self.prior,
+                                 progress=self.progress and self.headless)
+        self.model = model
+        if not self.headless:
+            how = "stopped" if self.result.stopped else "done"
+            self.status.value = f"{how}: {len(self.history)} steps in {self.result.seconds:.0f} s"
+    except Exception as e:
+        if self.headless: raise
+        self.status.value = f"<b>error</b>: {type(e).__name__}: {e}"
+    finally:
+        if not self.headless:
+            b = self.button
+            b.description, b.button_style, b.icon = "start", "success", "play"
+
+# %% ../nbs/42_lora_training.ipynb #155ea132
+@patch_to(LoRADashboard)
+def start(self) -> None:
+    """Start a run with the current control values, in a background thread (headless: now, in the
+    foreground)."""
+    if self.running: return
+    self._stop.clear()
+    cfg = self._settings()
+    if self.headless:
+        self._run(cfg)
+        return
+    self.button.description, self.button.button_style, self.button.icon = "stop", "danger", "stop"
+    self._thread = threading.Thread(target=self._run, args=(cfg,), daemon=True)
+    self._thread.start()
+
+@patch_to(LoRADashboard)
+def stop(self) -> None:
+    "Ask the run to stop after the current step."
+    self._stop.set()
+
+@patch_to(LoRADashboard)
+def wait(self) -> TrainResult:
+    """Block until the current run ends and return its `TrainResult`. Raises `RuntimeError` if no
+    run finished."""
+    if self._thread is not None: self._thread.join()
+    if self.result is None:
+        raise RuntimeError("no finished run: press start (or call start()) first")
+    return self.result
 
 # %% ../nbs/42_lora_training.ipynb #63ca931d
 @torch.no_grad()
 def concept_report(unet: nn.Module, n: int = 200, seed: int = 0, num_inference_steps: int = 50,
-                   trigger: str = TRIGGER, concept: int = CONCEPT_DIGIT, classes: Sequence[int] = BASE_CLASSES) -> dict:
+                   trigger: str = TRIGGER, concept: int = CONCEPT_DIGIT,
+                   classes: Sequence[int] = BASE_CLASSES) -> dict:
     """Judge `unet`'s samples with unit 1's digits classifier (`course_lib.classifier`).
 
-    - `concept_rate`: share of `n` samples for 'a photo of {trigger} digit' that the classifier reads as `concept`;
-    - `confident_rate`: share of `n` samples for the known `classes` (balanced) with max probability >= 0.9;
+    - `concept_rate`: share of `n` samples for 'a photo of {trigger} digit' that the classifier
+      reads as `concept`.
+    - `confident_rate`: share of `n` samples for the known `classes` (balanced) with max probability
+      >= 0.9.
     - `class_match`: share of those read as the class that was asked for.
+
     Returns the three rates (floats in [0, 1]) and `n`."""
     from course_lib.classifier import judge_samples, load_digits_classifier
     clf = load_digits_classifier("cpu")
-    x_t = generate(unet, f"a photo of {trigger} digit", n=n, seed=seed, num_inference_steps=num_inference_steps, trigger=trigger)
+    x_t = generate(unet, f"a photo of {trigger} digit", n=n, seed=seed,
+                   num_inference_steps=num_inference_steps, trigger=trigger)
     j_t = judge_samples(x_t, clf)
     asked = [classes[i % len(classes)] for i in range(n)]
     x_k = generate(unet, [f"a photo of digit {DIGIT_WORDS[k]}" for k in asked], seed=seed + 1,
@@ -483,11 +433,3 @@ def concept_report(unet: nn.Module, n: int = 200, seed: int = 0, num_inference_s
     pred = clf(x_k.cpu()).argmax(1)
     return {"concept_rate": j_t["class_shares"][concept], "confident_rate": j_k["confident_rate"],
             "class_match": (pred == torch.tensor(asked)).float().mean().item(), "n": n}
-
-# %% ../nbs/42_lora_training.ipynb #1cb94de2
-def adapter_file_bytes(unet: nn.Module, full: bool = False, adapter_name: str | None = None) -> int:
-    "Bytes of the safetensors file holding the LoRA weights of `unet` (or every weight with `full=True`)."
-    from safetensors.torch import save
-    sd = {k: v.detach().contiguous() for k, v in unet.state_dict().items() if full or "lora_" in k
-          and (adapter_name is None or f".{adapter_name}." in k)}
-    return len(save(sd))

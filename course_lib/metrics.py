@@ -11,37 +11,49 @@ from typing import Iterable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
 from .core import OfflineError, atomic_write, cache_dir, get_device
-from .frechet import (FewSamplesWarning, feature_statistics, 
-                                frechet_distance)
+from .frechet import FewSamplesWarning, feature_statistics, frechet_distance
 from .isc_kid import inception_score, kid
+from .metrics_images import (DIGITS_FEATURE_SIZE, REFERENCES, as_uint8_images,
+                                       Digits_uint8, UInt8Images)
+
+# the image sources (`course_lib.metrics_images`) are part of this module's names too
+_all_ = ["DIGITS_FEATURE_SIZE", "REFERENCES", "as_uint8_images", "Digits_uint8", "UInt8Images"]
 
 # %% auto #0
-__all__ = ['DIGITS_EXTRACTOR', 'DIGITS_FEATURE_SIZE', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL',
-           'EXTRACTORS', 'REFERENCES', 'METRIC_NAMES', 'DigitsFeatureExtractor', 'inception_weights_path',
-           'as_uint8_images', 'Digits_uint8', 'UInt8Images', 'evaluate', 'get_extractor', 'extract_features',
-           'save_statistics', 'load_statistics', 'reference_statistics', 'fid_of_samples', 'fid_main']
+__all__ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS',
+           'METRIC_NAMES', 'DigitsFeatureExtractor', 'inception_weights_path', 'evaluate', 'get_extractor',
+           'extract_features', 'save_statistics', 'load_statistics', 'reference_statistics', 'fid_of_samples',
+           'fid_main', 'DIGITS_FEATURE_SIZE', 'REFERENCES', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
 
 # %% ../nbs/32_torch_fidelity.ipynb #e919ce5f
 import torch_fidelity
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 
 DIGITS_EXTRACTOR = "course-digits"
-DIGITS_FEATURE_SIZE = 16
 
 def _digits_classifier(device=None):
     from course_lib.classifier import load_digits_classifier
     return load_digits_classifier(device=device)
 
-class DigitsFeatureExtractor(FeatureExtractorBase):
-    """torch-fidelity feature extractor built on unit 1's `DigitsClassifier` (registered as 'course-digits').
+def _check_uint8_batch(x):
+    "Refuse anything but a uint8 batch `(B, 1 or 3, H, W)`, naming what came instead."
+    ok = torch.is_tensor(x) and x.dtype == torch.uint8 and x.dim() == 4 and x.shape[1] in (1, 3)
+    if not ok:
+        raise ValueError(f"expected uint8 images (B, 3, H, W), got {getattr(x, 'dtype', type(x))}"
+                         f" {tuple(getattr(x, 'shape', ()))}")
 
-    Input: uint8 `(B, 3, H, W)` (or `(B, 1, H, W)`) in [0, 255], any H, W (colour averaged to grey, then resized
-    to 16x16 by `DigitsClassifier.prepare`, bilinear). Features: `'128'` -> `(B, 128)` float64 penultimate activations
-    (FID, KID, precision/recall) and `'logits_unbiased'` -> `(B, 10)` float64 logits (IS).
-    `classifier`: a `DigitsClassifier` (default `load_digits_classifier()`, cached, trained on the digits' train split)."""
+# %% ../nbs/32_torch_fidelity.ipynb #c2e7047b
+class DigitsFeatureExtractor(FeatureExtractorBase):
+    """torch-fidelity feature extractor built on unit 1's `DigitsClassifier` (registered as
+    'course-digits').
+
+    Input: uint8 `(B, 3, H, W)` (or `(B, 1, H, W)`) in [0, 255], any H, W (colour averaged to grey,
+    then resized to 16x16 by `DigitsClassifier.prepare`, bilinear). Features: `'128'` -> `(B, 128)`
+    float64 penultimate activations (FID, KID, precision/recall) and `'logits_unbiased'` -> `(B,
+    10)` float64 logits (IS). `classifier`: a `DigitsClassifier` (default
+    `load_digits_classifier()`, cached, trained on the digits' train split)."""
     def __init__(self, name, features_list, classifier=None, **kwargs):
         super().__init__(name, features_list)
         self.classifier = classifier if classifier is not None else _digits_classifier(device="cpu")
@@ -55,200 +67,59 @@ class DigitsFeatureExtractor(FeatureExtractorBase):
     @staticmethod
     def can_be_compiled(): return False
     @staticmethod
-    def get_dummy_input_for_compile(): return torch.zeros(1, 3, DIGITS_FEATURE_SIZE, DIGITS_FEATURE_SIZE, dtype=torch.uint8)
+    def get_dummy_input_for_compile():
+        return torch.zeros(1, 3, DIGITS_FEATURE_SIZE, DIGITS_FEATURE_SIZE, dtype=torch.uint8)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not (torch.is_tensor(x) and x.dtype == torch.uint8 and x.dim() == 4 and x.shape[1] in (1, 3)):
-            raise ValueError(f"expected uint8 images (B, 3, H, W), got {getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
+        _check_uint8_batch(x)
         dev = next(self.classifier.parameters()).device
-        x = x.to(dev).float().mean(dim=1, keepdim=True)                       # (B, 1, H, W) grey in [0, 255]
-        if x.shape[-1] != x.shape[-2]:                                         # the classifier resizes square images itself
+        # (B, 1, H, W) grey in [0, 255]
+        x = x.to(dev).float().mean(dim=1, keepdim=True)
+        # the classifier resizes square images itself
+        if x.shape[-1] != x.shape[-2]:
             x = F.interpolate(x, size=(DIGITS_FEATURE_SIZE, DIGITS_FEATURE_SIZE), mode="bilinear",
                               antialias=True, align_corners=False)
-        x = x / 127.5 - 1.0                                                    # [-1, 1], as the classifier was trained
+        # [-1, 1], as the classifier was trained
+        x = x / 127.5 - 1.0
         f = self.classifier.features(x)                                        # (B, 128), one pass
-        out = {"128": f.double(), "logits_unbiased": self.classifier.head(f).double()}   # logits = head(f)
+        out = {"128": f.double(), "logits_unbiased": self.classifier.head(f).double()}  # head(f)
         return tuple(out[k] for k in self.features_list)
 
+# %% ../nbs/32_torch_fidelity.ipynb #3d7ba9f0
 if DIGITS_EXTRACTOR not in torch_fidelity.registry.FEATURE_EXTRACTORS_REGISTRY:
     torch_fidelity.register_feature_extractor(DIGITS_EXTRACTOR, DigitsFeatureExtractor)
 
 # %% ../nbs/32_torch_fidelity.ipynb #45a20547
 INCEPTION_EXTRACTOR = "inception-v3-compat"
 INCEPTION_WEIGHTS_ENV = "COURSE_LIB_INCEPTION_WEIGHTS"
-INCEPTION_WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
+INCEPTION_WEIGHTS_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
+                         "weights-inception-2015-12-05-6726825d.pth")
 EXTRACTORS = ("digits", "inception")
 
 def inception_weights_path(path: str | os.PathLike | None = None) -> Path:
-    """The Inception-v3 weights file torch-fidelity uses: `path`, else `$COURSE_LIB_INCEPTION_WEIGHTS`, else
-    torch hub's checkpoint cache (`~/.cache/torch/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth`).
-    Never downloads. Raises `FileNotFoundError` for an explicit `path` that does not exist, and `OfflineError`
-    naming the digits extractor (`extractor='digits'`, `course fid --extractor digits`) when none is found."""
+    """The Inception-v3 weights file torch-fidelity uses: `path`, else
+    `$COURSE_LIB_INCEPTION_WEIGHTS`, else torch hub's checkpoint cache
+    (`~/.cache/torch/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth`). Never downloads.
+    Raises `FileNotFoundError` for an explicit `path` that does not exist, and `OfflineError` naming
+    the digits extractor (`extractor='digits'`, `course fid --extractor digits`) when none is
+    found."""
     if path is not None:
         p = Path(path).expanduser()
         if not p.is_file(): raise FileNotFoundError(f"Inception-v3 weights file {p} does not exist")
         return p
     cands = []
-    if os.environ.get(INCEPTION_WEIGHTS_ENV): cands.append(Path(os.environ[INCEPTION_WEIGHTS_ENV]).expanduser())
-    cands.append(Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_URL.rsplit("/", 1)[1])
+    if os.environ.get(INCEPTION_WEIGHTS_ENV):
+        cands.append(Path(os.environ[INCEPTION_WEIGHTS_ENV]).expanduser())
+    cands.append(
+        Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_URL.rsplit("/", 1)[1]
+    )
     for c in cands:
         if c.is_file(): return c
-    raise OfflineError(
-        "the Inception-v3 weights for FID are not on this machine (looked at: " + ", ".join(map(str, cands)) + "). "
-        "Offline, use the course's digits feature extractor: extractor='digits' (CLI: course fid A B --extractor digits). "
-        f"For standard FID, download {INCEPTION_WEIGHTS_URL} and set {INCEPTION_WEIGHTS_ENV}=/path/to/that/file.")
-
-# %% ../nbs/32_torch_fidelity.ipynb #10a279e4
-REFERENCES = ("digits-train", "digits-valid", "digits-all")
-
-def _normalise_batch(x, value_range=None) -> torch.Tensor:
-    "One batch (tensor/array, `(N, C, H, W)`, `(N, H, W, C)` or `(N, H, W)`) -> uint8 `(N, 3, H, W)`."
-    if isinstance(x, np.ndarray): x = torch.from_numpy(np.ascontiguousarray(x))
-    if not torch.is_tensor(x): raise TypeError(f"expected image tensors or arrays, got {type(x).__name__}")
-    x = x.detach().cpu()
-    if x.dim() == 3: x = x[:, None]                                            # (N, H, W) grey
-    if x.dim() != 4: raise ValueError(f"images must be (N, C, H, W), (N, H, W, C) or (N, H, W); got shape {tuple(x.shape)}")
-    if x.shape[1] not in (1, 3) and x.shape[-1] in (1, 3): x = x.permute(0, 3, 1, 2)  # channels last
-    if x.shape[1] not in (1, 3): raise ValueError(f"images must have 1 or 3 channels, got shape {tuple(x.shape)}")
-    if x.dtype != torch.uint8:
-        if x.dtype == torch.bool or not (x.is_floating_point() or x.dtype in (torch.int16, torch.int32, torch.int64)):
-            raise TypeError(f"unsupported image dtype {x.dtype}; use uint8 in [0, 255] or float in [-1, 1] / [0, 1]")
-        x = x.double()
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{int((~torch.isfinite(x)).sum())} NaN/inf pixel value(s): the sampler diverged or the images are broken")
-        lo, hi = float(x.min()), float(x.max())
-        rng = value_range or ((-1.0, 1.0) if lo < -1e-6 else (0.0, 1.0))
-        if rng not in ((-1.0, 1.0), (0.0, 1.0), (-1, 1), (0, 1)):
-            raise ValueError(f"value_range={value_range!r} must be (-1, 1) or (0, 1)")
-        tol = 1e-3 * (rng[1] - rng[0])
-        if lo < rng[0] - tol or hi > rng[1] + tol:
-            raise ValueError(f"float images span [{lo:.4g}, {hi:.4g}], outside {rng}; pass float images in [-1, 1] or [0, 1], "
-                             "or uint8 images in [0, 255]")
-        x = ((x - rng[0]) / (rng[1] - rng[0]) * 255).round().clamp(0, 255).to(torch.uint8)
-    return x.expand(-1, 3, -1, -1).contiguous() if x.shape[1] == 1 else x.contiguous()
-
-def _check_same_size(shapes: dict, what: str):
-    if len(shapes) > 1:
-        desc = ", ".join(f"{h}x{w} ({n} image{'s' * (n > 1)})" for (h, w), n in sorted(shapes.items()))
-        raise ValueError(f"{what} holds images of mixed sizes: {desc}. Resize them to one size first, or resize "
-                         "all to N x N: size=N in Python, --size N with `course fid`")
-
-def _centre_square(im):
-    "The largest centred square of a PIL image (a crop: no resampling)."
-    w, h = im.size
-    s = min(w, h)
-    return im if w == h else im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
-
-def _has_transparency(path: Path) -> bool:
-    from PIL import Image
-    with Image.open(path) as im:
-        if im.mode not in ("RGBA", "LA", "PA") and "transparency" not in im.info: return False
-        return im.convert("RGBA").getchannel("A").getextrema()[0] < 255
-
-def _load_folder(folder: Path, size: int | None) -> torch.Tensor:
-    """A folder's images as uint8 `(N, 3, H, W)`, read as torch-fidelity reads files (alpha dropped, with a
-    warning naming the transparent files). With `size`: each image centre-cropped to a square (no
-    resampling), then resized by `_resize_uint8`, the one pipeline of tensors and references too."""
-    from course_lib.data import scan_image_folder, open_image
-    rep = scan_image_folder(folder)
-    if not rep.ok:
-        raise ValueError(f"no usable images in {folder} ({len(rep.skipped)} other file(s)); the folder is empty or holds no png/jpg/webp/bmp images")
-    if rep.skipped:
-        warnings.warn(f"{len(rep.skipped)} file(s) in {folder} skipped: " + "; ".join(f"{p.name} ({why})" for p, why in rep.skipped[:5]))
-    clear = [p.name for p in rep.ok if _has_transparency(p)]
-    if clear:
-        warnings.warn(f"{len(clear)} image(s) in {folder} have an alpha channel with transparent pixels "
-                      f"({', '.join(clear[:3])}...): the alpha channel is dropped, as torch-fidelity, pytorch-fid "
-                      "and clean-fid do; composite them onto a background first if that is what you mean")
-    ims = [open_image(p, "RGB", alpha="drop") for p in rep.ok]
-    if size is None:
-        shapes: dict = {}
-        for im in ims: shapes[(im.size[1], im.size[0])] = shapes.get((im.size[1], im.size[0]), 0) + 1
-        _check_same_size(shapes, f"folder {folder}")
-        return torch.from_numpy(np.stack([np.asarray(im, dtype=np.uint8) for im in ims])).permute(0, 3, 1, 2).contiguous()
-    as_t = lambda im: torch.from_numpy(np.array(_centre_square(im), dtype=np.uint8)).permute(2, 0, 1)[None]
-    return torch.cat([_resize_uint8(as_t(im), size) for im in ims])
-
-def as_uint8_images(source, num_samples: int | None = None, size: int | None = None, batch_size: int = 256,
-                    value_range: tuple | None = None) -> torch.Tensor:
-    """Any image source -> uint8 `(N, 3, H, W)` tensor in [0, 255], as torch-fidelity expects.
-
-    `source`:
-    - a folder (str/Path) of png/jpg/webp/bmp images (all the same size, unless `size` is given);
-    - a reference name: 'digits-train', 'digits-valid' or 'digits-all' (the course's real digits, at `size`, default 16);
-    - a tensor or array `(N, C, H, W)`, `(N, H, W, C)` or `(N, H, W)`: uint8 in [0, 255], or float in [-1, 1]
-      (detected by negative values) or [0, 1] (`value_range` forces one); 1 channel is repeated to 3;
-    - a `Dataset` (or list) whose items are images or tuples `(image, label, ...)` (the first element is used);
-    - a callable `f(batch_size) -> images` (a sampler): called until `num_samples` images are collected; the
-      value range of float images is decided once, from the first batch (or `value_range`).
-    `num_samples`: keep the first `num_samples` (required for a callable). `size`: resize all images to
-    `size` x `size` (bilinear, antialiased; folders: centre square first), one pipeline for every source. Everything is loaded into memory (fine for the course's sizes).
-    Raises `ValueError` for an empty or missing folder, mixed image sizes, NaN pixels, an out-of-range float,
-    zero images; `TypeError` for an unsupported source or dtype."""
-    if isinstance(source, (str, Path)):
-        if str(source) in REFERENCES:
-            x = Digits_uint8(str(source).split("-", 1)[1], size or DIGITS_FEATURE_SIZE)
-        else:
-            folder = Path(source)
-            if not folder.exists(): raise ValueError(f"image folder {folder} does not exist (and is not one of {REFERENCES})")
-            if not folder.is_dir(): raise ValueError(f"{folder} is a file; pass a folder of images (or a .npz of statistics to course fid)")
-            x = _load_folder(folder, size)
-    elif callable(source) and not isinstance(source, Dataset):
-        if not num_samples or num_samples < 1: raise ValueError("a sampling function needs num_samples >= 1")
-        parts, got = [], 0
-        while got < num_samples:
-            raw = source(min(batch_size, num_samples - got))
-            if value_range is None and torch.is_tensor(raw) and raw.is_floating_point():
-                value_range = (-1.0, 1.0) if float(raw.min()) < -1e-6 else (0.0, 1.0)   # decided once
-            b = _normalise_batch(raw, value_range)
-            if len(b) == 0: raise ValueError("the sampling function returned no images")
-            parts.append(b); got += len(b)
-        x = torch.cat(parts)
-    elif torch.is_tensor(source) or isinstance(source, np.ndarray):
-        x = _normalise_batch(source, value_range)
-    elif isinstance(source, (Dataset, list, tuple)):
-        n = len(source)
-        if n == 0: raise ValueError("the Dataset is empty")
-        items = []
-        for i in range(n if num_samples is None else min(n, num_samples)):
-            it = source[i]
-            if isinstance(it, (tuple, list)): it = it[0]                           # (image, label) -> image
-            if not (torch.is_tensor(it) or isinstance(it, np.ndarray)): it = np.asarray(it)   # PIL image
-            it = torch.as_tensor(it)
-            if it.dim() == 2: it = it[None]
-            items.append(it)
-        shapes: dict = {}
-        for it in items:
-            hw = tuple(it.shape[-2:]) if it.shape[0] in (1, 3) else tuple(it.shape[:2])
-            shapes[hw] = shapes.get(hw, 0) + 1
-        if size is None: _check_same_size(shapes, "the Dataset")
-        if len(shapes) == 1: x = _normalise_batch(torch.stack(items), value_range)
-        else: x = torch.cat([_resize_uint8(_normalise_batch(it[None], value_range), size) for it in items])
-    else:
-        raise TypeError(f"unsupported image source {type(source).__name__}: pass a folder, a tensor/array, a Dataset, "
-                        f"a sampling function or one of {REFERENCES}")
-    if num_samples is not None: x = x[:num_samples]
-    if len(x) == 0: raise ValueError("no images")
-    if size is not None: x = _resize_uint8(x, size)
-    return x
-
-def _resize_uint8(x: torch.Tensor, size: int) -> torch.Tensor:
-    if x.shape[-2:] == (size, size): return x
-    y = F.interpolate(x.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    return y.round().clamp(0, 255).to(torch.uint8)
-
-def Digits_uint8(split: str = "train", size: int = DIGITS_FEATURE_SIZE) -> torch.Tensor:
-    """The course's real digits (`course_lib.data.Digits`) as uint8 `(N, 3, size, size)`: native 8x8 scans resized
-    (bilinear, antialiased, rounded to uint8) exactly as unit 1's training images, for size 8, 16 or 32."""
-    from course_lib.data import Digits, DIGITS_SIZES
-    if size in DIGITS_SIZES: return Digits(split, size=size, channels=3, dtype="uint8").images
-    return _resize_uint8(Digits(split, size=8, channels=3, dtype="uint8").images, size)
-
-class UInt8Images(Dataset):
-    "A `Dataset` over a uint8 `(N, 3, H, W)` tensor, one image per item: the input torch-fidelity accepts."
-    def __init__(self, images: torch.Tensor): self.images = images
-    def __len__(self): return len(self.images)
-    def __getitem__(self, i): return self.images[i]
+    raise OfflineError("the Inception-v3 weights for FID are not on this machine (looked at: "
+        + ", ".join(map(str, cands))
+        + "). Offline, use the course's digits feature extractor: extractor='digits' (CLI: course"
+        f" fid A B --extractor digits). For standard FID, download {INCEPTION_WEIGHTS_URL} and"
+        f" set {INCEPTION_WEIGHTS_ENV}=/path/to/that/file.")
 
 # %% ../nbs/32_torch_fidelity.ipynb #27fc63a2
 METRIC_NAMES = ("fid", "isc", "kid", "prc")
@@ -257,94 +128,151 @@ def _fingerprint(extractor: str, weights: Path | None = None) -> str:
     if extractor == "digits":
         h = hashlib.sha256()
         for k, v in _digits_classifier(device="cpu").state_dict().items():
-            h.update(k.encode()); h.update(v.detach().cpu().contiguous().numpy().tobytes())
+            h.update(k.encode())
+            h.update(v.detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()[:12]
     st = weights.stat()
     return hashlib.sha256(f"{weights.name}:{st.st_size}".encode()).hexdigest()[:12]
 
 def _resolve_extractor(extractor: str, weights_path=None) -> tuple[str, dict]:
-    if extractor not in EXTRACTORS: raise ValueError(f"extractor={extractor!r} is not one of {EXTRACTORS}")
+    if extractor not in EXTRACTORS:
+        raise ValueError(f"extractor={extractor!r} is not one of {EXTRACTORS}")
     if extractor == "digits": return DIGITS_EXTRACTOR, {}
-    return INCEPTION_EXTRACTOR, {"feature_extractor_weights_path": str(inception_weights_path(weights_path))}
+    return INCEPTION_EXTRACTOR, {
+        "feature_extractor_weights_path": str(inception_weights_path(weights_path))
+    }
 
-def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid",), extractor: str = "digits",
-             weights_path: str | os.PathLike | None = None, num_samples: int | None = None, size: int | None = None,
-             isc_splits: int = 10, kid_subsets: int = 100, kid_subset_size: int = 1000, batch_size: int = 256,
-             cache_reference: bool = True, device=None, verbose: bool = False) -> dict:
-    """FID / IS / KID / precision-recall of `generated` against `reference` with torch-fidelity.
-
-    `generated`, `reference`: any source `as_uint8_images` accepts (folder, tensor, `Dataset`, sampling
-    function with `num_samples`, or 'digits-train' / 'digits-valid' / 'digits-all'; a named reference is loaded
-    at the generated images' size, so both sides go through the same resizing). `metrics`: any of
-    'fid', 'isc' (on `generated` only), 'kid', 'prc'. `extractor`: 'digits' (the course's classifier,
-    offline) or 'inception' (torch-fidelity's Inception-v3; needs its weights file, see `inception_weights_path`).
-    A `kid_subset_size` above the smaller sample count is clamped with a warning (as `kid` does).
-    Returns a dict with 'fid', 'is_mean', 'is_std', 'kid_mean', 'kid_std', 'precision', 'recall', 'f_score'
-    (those requested) and 'n_generated', 'n_reference', 'extractor'. FID/KID are in squared feature units.
-    Raises `ValueError` for unknown metrics/extractors, bad images, fewer than 2 images a split for IS, or a
-    metric that comes out undefined (NaN); `OfflineError` without Inception weights."""
+# %% ../nbs/32_torch_fidelity.ipynb #9e8806ea
+def _metric_list(metrics) -> list[str]:
+    "`metrics` as a list of names from `METRIC_NAMES`; `ValueError` otherwise."
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     bad = [m for m in metrics if m not in METRIC_NAMES]
     if bad or not metrics: raise ValueError(f"metrics={metrics!r}: choose from {METRIC_NAMES}")
-    name, fe_kwargs = _resolve_extractor(extractor, weights_path)
+    return metrics
+
+def _metric_images(generated, reference, metrics, num_samples, size, batch_size):
+    "Both sides as uint8 images: `(gen, ref, is_named)`, `ref` None when no metric needs it."
     gen = as_uint8_images(generated, num_samples=num_samples, size=size, batch_size=batch_size)
     binary = any(m in metrics for m in ("fid", "kid", "prc"))
     ref_size = size or (gen.shape[-1] if gen.shape[-1] == gen.shape[-2] else None)
     is_named = isinstance(reference, str) and reference in REFERENCES
     ref = as_uint8_images(reference, size=ref_size if is_named else size) if binary else None
+    return gen, ref, is_named
+
+def _check_image_counts(metrics, gen, ref, isc_splits):
+    "`ValueError` for fewer than 2 images a split for IS, or fewer than 2 images a side."
     if "isc" in metrics and (isinstance(isc_splits, bool) or not isinstance(isc_splits, int)
                              or isc_splits < 1 or len(gen) // isc_splits < 2):
-        raise ValueError(f"isc_splits={isc_splits!r} with {len(gen)} generated images: the Inception Score needs "
-                         f"at least 2 images a split (the IS of one image is 1); pass isc_splits <= "
-                         f"{max(len(gen) // 2, 1)} or more images")
+        raise ValueError(
+            f"isc_splits={isc_splits!r} with {len(gen)} generated images: the Inception Score needs"
+            " at least 2 images a split (the IS of one image is 1); pass isc_splits <="
+            f" {max(len(gen) // 2, 1)} or more images")
     for what, x in (("generated", gen), ("reference", ref)):
-        if x is not None and len(x) < 2: raise ValueError(f"{what}: {len(x)} image(s); the metrics need at least 2 (thousands for FID)")
-    kw = dict(input1=UInt8Images(gen), fid="fid" in metrics, isc="isc" in metrics, kid="kid" in metrics,
-              prc="prc" in metrics, feature_extractor=name, cuda=get_device(device).type == "cuda",
-              batch_size=batch_size, save_cpu_ram=True, verbose=verbose, isc_splits=isc_splits, cache=False,
-              **fe_kwargs)
-    if binary:
-        kw["input2"] = UInt8Images(ref)
-        if cache_reference and is_named:
-            wp = Path(fe_kwargs["feature_extractor_weights_path"]) if fe_kwargs else None
-            kw.update(cache=True, cache_root=str(cache_dir("metrics", "fidelity")),
-                      input2_cache_name=f"{reference}-{ref.shape[-1]}px-{_fingerprint(extractor, wp)}")
+        if x is not None and len(x) < 2:
+            raise ValueError(
+                f"{what}: {len(x)} image(s); the metrics need at least 2 (thousands for FID)"
+            )
+
+
+# %% ../nbs/32_torch_fidelity.ipynb #c8f23742
+def _reference_cache(reference: str, ref, extractor: str, fe_kwargs: dict) -> dict:
+    "torch-fidelity's cache arguments for the named `reference`'s features."
+    wp = Path(fe_kwargs["feature_extractor_weights_path"]) if fe_kwargs else None
+    return dict(cache=True, cache_root=str(cache_dir("metrics", "fidelity")),
+        input2_cache_name=f"{reference}-{ref.shape[-1]}px-{_fingerprint(extractor, wp)}")
+
+def _kid_fid_settings(metrics, gen, ref, extractor: str, kid_subsets: int,
+                      kid_subset_size: int) -> dict:
+    "KID's subset arguments (the size clamped, with a warning); a warning for FID on few samples."
+    kw = {}
     if "kid" in metrics:
         m = min(len(gen), len(ref))
         if kid_subset_size > m:
-            warnings.warn(f"KID subset_size={kid_subset_size} is larger than the number of samples (generated: {len(gen)}, "
-                          f"reference: {len(ref)}); clamped to {m}.", UserWarning, stacklevel=2)
+            warnings.warn(f"KID subset_size={kid_subset_size} is larger than the number of samples"
+                          f" (generated: {len(gen)}, reference: {len(ref)}); clamped to {m}.",
+                          UserWarning, stacklevel=3)
             kid_subset_size = m
         kw.update(kid_subsets=kid_subsets, kid_subset_size=kid_subset_size)
-    if "fid" in metrics and binary:
+    if "fid" in metrics and ref is not None:
         dim = 128 if extractor == "digits" else 2048
         if min(len(gen), len(ref)) < dim:
-            warnings.warn(f"{min(len(gen), len(ref))} samples for {dim} feature dimensions: the covariance is rank-deficient "
-                          "and FID unreliable; use more samples", FewSamplesWarning, stacklevel=2)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*TypedStorage.*")
-        r = torch_fidelity.calculate_metrics(**kw)
+            warnings.warn(
+                f"{min(len(gen), len(ref))} samples for {dim} feature dimensions: the covariance is"
+                " rank-deficient and FID unreliable; use more samples", FewSamplesWarning,
+                stacklevel=3)
+    return kw
+
+
+# %% ../nbs/32_torch_fidelity.ipynb #09bd0ac0
+_FIDELITY_KEYS = {"frechet_inception_distance": "fid", "inception_score_mean": "is_mean",
+                  "inception_score_std": "is_std", "kernel_inception_distance_mean": "kid_mean",
+                  "kernel_inception_distance_std": "kid_std", "precision": "precision",
+                  "recall": "recall", "f_score": "f_score"}
+
+def _fidelity_results(r: dict, gen, ref, extractor: str) -> dict:
+    "torch-fidelity's result `r` under short names; `ValueError` for a NaN or infinite metric."
     out = {}
-    keys = {"frechet_inception_distance": "fid", "inception_score_mean": "is_mean", "inception_score_std": "is_std",
-            "kernel_inception_distance_mean": "kid_mean", "kernel_inception_distance_std": "kid_std",
-            "precision": "precision", "recall": "recall", "f_score": "f_score"}
     for k, v in r.items():
-        if k in keys: out[keys[k]] = float(v)
+        if k in _FIDELITY_KEYS: out[_FIDELITY_KEYS[k]] = float(v)
     undefined = {k: v for k, v in out.items() if not np.isfinite(v)}
     if undefined:
         raise ValueError(f"torch-fidelity returned {undefined} for {len(gen)} generated and "
-                         f"{len(ref) if ref is not None else 0} reference images: undefined for this input")
-    out.update(n_generated=len(gen), n_reference=len(ref) if ref is not None else 0, extractor=extractor)
+            f"{len(ref) if ref is not None else 0} reference images: undefined for this input")
+    out.update(n_generated=len(gen), n_reference=len(ref) if ref is not None else 0,
+               extractor=extractor)
     return out
+
+
+# %% ../nbs/32_torch_fidelity.ipynb #7ad7b7f4
+def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid",),
+             extractor: str = "digits", weights_path: str | os.PathLike | None = None,
+             num_samples: int | None = None, size: int | None = None, isc_splits: int = 10,
+             kid_subsets: int = 100, kid_subset_size: int = 1000, batch_size: int = 256,
+             cache_reference: bool = True, device=None, verbose: bool = False) -> dict:
+    """FID / IS / KID / precision-recall of `generated` against `reference` with torch-fidelity.
+
+    `generated`, `reference`: any source `as_uint8_images` accepts (folder, tensor, `Dataset`,
+    sampling function with `num_samples`, or 'digits-train' / 'digits-valid' / 'digits-all', a named
+    reference is loaded at the generated images' size, so both sides go through the same resizing).
+    `metrics`: any of 'fid', 'isc' (on `generated` only), 'kid', 'prc'. `extractor`: 'digits' (the
+    course's classifier, offline) or 'inception' (torch-fidelity's Inception-v3, needs its weights
+    file, see `inception_weights_path`). A `kid_subset_size` above the smaller sample count is
+    clamped with a warning (as `kid` does). Returns a dict with 'fid', 'is_mean', 'is_std',
+    'kid_mean', 'kid_std', 'precision', 'recall', 'f_score' (those requested) and 'n_generated',
+    'n_reference', 'extractor'. FID/KID are in squared feature units. Raises `ValueError` for
+    unknown metrics/extractors, bad images, fewer than 2 images a split for IS, or a metric that
+    comes out undefined (NaN). `OfflineError` without Inception weights."""
+    metrics = _metric_list(metrics)
+    name, fe_kwargs = _resolve_extractor(extractor, weights_path)
+    gen, ref, is_named = _metric_images(generated, reference, metrics, num_samples, size,
+                                        batch_size)
+    _check_image_counts(metrics, gen, ref, isc_splits)
+    kw = dict(input1=UInt8Images(gen), fid="fid" in metrics, isc="isc" in metrics,
+              kid="kid" in metrics, prc="prc" in metrics, feature_extractor=name,
+              cuda=get_device(device).type == "cuda", batch_size=batch_size, save_cpu_ram=True,
+              verbose=verbose, isc_splits=isc_splits, cache=False, **fe_kwargs)
+    if ref is not None:
+        kw["input2"] = UInt8Images(ref)
+        if cache_reference and is_named:
+            kw.update(_reference_cache(reference, ref, extractor, fe_kwargs))
+    kw.update(_kid_fid_settings(metrics, gen, ref, extractor, kid_subsets, kid_subset_size))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*TypedStorage.*")
+        r = torch_fidelity.calculate_metrics(**kw)
+    return _fidelity_results(r, gen, ref, extractor)
+
 
 # %% ../nbs/32_torch_fidelity.ipynb #bf0323ce
 _EXTRACTOR_CACHE: dict = {}
 
-def get_extractor(extractor: str = "digits", weights_path=None, features=("128", "logits_unbiased"), device=None):
-    """A ready feature extractor module (torch-fidelity's class, eval mode, on `device`), cached per settings.
-    `extractor`: 'digits' (features '128', 'logits_unbiased') or 'inception' (e.g. '2048', 'logits_unbiased')."""
+def get_extractor(extractor: str = "digits", weights_path=None, features=("128", "logits_unbiased"),
+                  device=None):
+    """A ready feature extractor module (torch-fidelity's class, eval mode, on `device`), cached per
+    settings. `extractor`: 'digits' (features '128', 'logits_unbiased') or 'inception' (e.g. '2048',
+    'logits_unbiased')."""
     name, fe_kwargs = _resolve_extractor(extractor, weights_path)
-    if extractor == "inception" and tuple(features) == ("128", "logits_unbiased"): features = ("2048", "logits_unbiased")
+    if extractor == "inception" and tuple(features) == ("128", "logits_unbiased"):
+        features = ("2048", "logits_unbiased")
     dev = get_device(device)
     key = (name, tuple(features), fe_kwargs.get("feature_extractor_weights_path"), str(dev))
     if key not in _EXTRACTOR_CACHE:
@@ -367,15 +295,19 @@ def extract_features(source, extractor: str = "digits", weights_path=None, batch
     with torch.no_grad():
         for b in tqdm(x.split(batch_size), disable=not progress, desc="features"):
             f, l = fe(b.to(dev))
-            feats.append(f.double().cpu()); logits.append(l.double().cpu())
+            feats.append(f.double().cpu())
+            logits.append(l.double().cpu())
     return {"features": torch.cat(feats), "logits": torch.cat(logits)}
 
 # %% ../nbs/32_torch_fidelity.ipynb #fb9405a3
-def save_statistics(path: str | os.PathLike, mu: np.ndarray, sigma: np.ndarray, n: int, extractor: str = "digits") -> Path:
-    "Write FID statistics to `path` (.npz with `mu (D,)`, `sigma (D, D)`, `n`, `extractor`), atomically."
+def save_statistics(path: str | os.PathLike, mu: np.ndarray, sigma: np.ndarray, n: int,
+                    extractor: str = "digits") -> Path:
+    """Write FID statistics to `path` (.npz with `mu (D,)`, `sigma (D, D)`, `n`, `extractor`),
+    atomically."""
     import io
     buf = io.BytesIO()
-    np.savez(buf, mu=np.asarray(mu, np.float64), sigma=np.asarray(sigma, np.float64), n=np.int64(n), extractor=np.str_(extractor))
+    np.savez(buf, mu=np.asarray(mu, np.float64), sigma=np.asarray(sigma, np.float64), n=np.int64(n),
+             extractor=np.str_(extractor))
     with atomic_write(path, "wb") as f: f.write(buf.getvalue())
     return Path(path)
 
@@ -387,23 +319,32 @@ def load_statistics(path: str | os.PathLike) -> dict:
     if not path.is_file(): raise ValueError(f"statistics file {path} does not exist")
     try: z = np.load(path, allow_pickle=False)
     except Exception as e: raise ValueError(f"{path} is not a readable .npz file ({e})") from None
-    if "mu" not in z or "sigma" not in z: raise ValueError(f"{path} has no 'mu' and 'sigma' arrays (keys: {list(z.keys())})")
+    if "mu" not in z or "sigma" not in z:
+        raise ValueError(f"{path} has no 'mu' and 'sigma' arrays (keys: {list(z.keys())})")
     mu, sigma = z["mu"].astype(np.float64), z["sigma"].astype(np.float64)
     if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
         raise ValueError(f"{path}: mu {mu.shape} and sigma {sigma.shape} are not (D,) and (D, D)")
     return {"mu": mu, "sigma": sigma, "n": int(z["n"]) if "n" in z else -1,
             "extractor": str(z["extractor"]) if "extractor" in z else "unknown"}
 
-def reference_statistics(reference: str = "digits-train", extractor: str = "digits", weights_path=None,
-                         size: int | None = None, refresh: bool = False) -> dict:
-    """FID statistics of a named reference (`'digits-train'`, `'digits-valid'`, `'digits-all'`) or a folder,
-    cached as .npz under `cache_dir('metrics')`, keyed by the reference, the extractor and a fingerprint of its
-    weights (so retraining the classifier invalidates the cache). `size`: load/resize the images to `size` x `size`
-    first (named references default to 16). Returns `load_statistics`'s dict."""
+# %% ../nbs/32_torch_fidelity.ipynb #2d64df92
+def reference_statistics(reference: str = "digits-train", extractor: str = "digits",
+                         weights_path=None, size: int | None = None, refresh: bool = False) -> dict:
+    """FID statistics of a named reference (`'digits-train'`, `'digits-valid'`, `'digits-all'`) or a
+    folder, cached as .npz under `cache_dir('metrics')`, keyed (`cache.cache_key`) by the reference
+    (a folder by its files' names, sizes and times, so changed images are measured again), the
+    extractor and a fingerprint of its weights (so retraining the classifier invalidates the cache).
+    `size`: load/resize the images to `size` x `size` first (named references default to 16).
+    Returns `load_statistics`'s dict."""
     from filelock import FileLock
+    from course_lib.cache import cache_key
     wp = inception_weights_path(weights_path) if extractor == "inception" else None
-    tag = str(reference) if reference in REFERENCES else "folder-" + hashlib.sha256(str(Path(reference).resolve()).encode()).hexdigest()[:10]
-    path = cache_dir("metrics") / f"stats-{tag}-{size or 'native'}px-{extractor}-{_fingerprint(extractor, wp)}.npz"
+    named = reference in REFERENCES
+    setting = {"reference": str(reference) if named else "folder", "size": size,
+               "extractor": extractor, "weights": _fingerprint(extractor, wp)}
+    key = cache_key("reference_stats", setting, data=None if named else Path(reference))
+    tag = str(reference) if named else "folder"
+    path = cache_dir("metrics") / f"stats-{tag}-{size or 'native'}px-{extractor}-{key}.npz"
     with FileLock(str(path) + ".lock"):
         if refresh or not path.is_file():
             f = extract_features(reference, extractor, weights_path, size=size)["features"]
@@ -411,91 +352,137 @@ def reference_statistics(reference: str = "digits-train", extractor: str = "digi
             save_statistics(path, mu, sigma, len(f), extractor)
     return load_statistics(path)
 
-def fid_of_samples(samples, reference: str = "digits-train", extractor: str = "digits", weights_path=None,
-                   num_samples: int | None = None) -> float:
-    """FID of `samples` (any `as_uint8_images` source, e.g. unit 1's uint8 samples `(N, 1, 8, 8)`) against the
-    cached statistics of `reference` (a name from `REFERENCES`, loaded at the samples' size; a folder; or a .npz).
-    Returns FID in squared feature units (float). Warns `FewSamplesWarning` below 128 samples (digits)."""
+
+# %% ../nbs/32_torch_fidelity.ipynb #1d1c086d
+def fid_of_samples(samples, reference: str = "digits-train", extractor: str = "digits",
+                   weights_path=None, num_samples: int | None = None) -> float:
+    """FID of `samples` (any `as_uint8_images` source, e.g. unit 1's uint8 samples `(N, 1, 8, 8)`)
+    against the cached statistics of `reference` (a name from `REFERENCES`, loaded at the samples'
+    size, a folder, or a .npz). Returns FID in squared feature units (float). Warns
+    `FewSamplesWarning` below 128 samples (digits)."""
     x = as_uint8_images(samples, num_samples=num_samples)
     if isinstance(reference, (str, Path)) and str(reference).endswith(".npz"):
         st = load_statistics(reference)
     else:
         named = str(reference) in REFERENCES
-        st = reference_statistics(reference, extractor, weights_path, size=x.shape[-1] if named else None)
+        st = reference_statistics(reference, extractor, weights_path,
+                                  size=x.shape[-1] if named else None)
     f = extract_features(x, extractor, weights_path)["features"]
     mu, sigma = feature_statistics(f, "samples")
     return frechet_distance(mu, sigma, st["mu"], st["sigma"])
 
 # %% ../nbs/32_torch_fidelity.ipynb #8b29beac
 def _fid_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="course fid", description="FID (and IS, KID) between two image folders, "
-        ".npz statistics or a reference name (" + ", ".join(REFERENCES) + "). A is the generated set.")
-    p.add_argument("a", help="generated images: a folder, a .npz of statistics, or a reference name")
-    p.add_argument("b", help="reference images: a folder, a .npz of statistics, or a reference name")
-    p.add_argument("--extractor", choices=EXTRACTORS, default="digits",
-                   help="digits: the course's classifier (offline); inception: Inception-v3 (needs its weights)")
-    p.add_argument("--weights", default=None, help=f"Inception-v3 weights file (default ${INCEPTION_WEIGHTS_ENV})")
+    p = argparse.ArgumentParser(prog="course fid",
+                                description="FID (and IS, KID) between two image folders, "
+                                ".npz statistics or a reference name ("
+                                + ", ".join(REFERENCES)
+                                + "). A is the generated set.")
+    p.add_argument("a",
+                   help="generated images: a folder, a .npz of statistics, or a reference name")
+    p.add_argument("b",
+                   help="reference images: a folder, a .npz of statistics, or a reference name")
+    p.add_argument(
+        "--extractor",
+        choices=EXTRACTORS,
+        default="digits",
+        help=(
+            "digits: the course's classifier (offline); inception: Inception-v3 (needs its weights)"
+        ),
+    )
+    p.add_argument("--weights", default=None,
+                   help=f"Inception-v3 weights file (default ${INCEPTION_WEIGHTS_ENV})")
     p.add_argument("--isc", action="store_true", help="also the Inception Score of A")
     p.add_argument("--kid", action="store_true", help="also KID")
-    p.add_argument("--kid-subset-size", type=int, default=1000, help="KID subset size (clamped to the sample count)")
+    p.add_argument("--kid-subset-size", type=int, default=1000,
+                   help="KID subset size (clamped to the sample count)")
     p.add_argument("--size", type=int, default=None, help="resize all images to SIZE x SIZE first")
     p.add_argument("--save-stats", default=None, help="write B's FID statistics to this .npz")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     return p
 
+# %% ../nbs/32_torch_fidelity.ipynb #8574133f
+def _is_npz(s) -> bool: return str(s).endswith(".npz")
+
+def _fid_other_size(a: argparse.Namespace, s) -> int:
+    "The image size of the side of `course fid` that is not `s`."
+    o = a.b if s == a.a else a.a
+    if _is_npz(o) or str(o) in REFERENCES: return DIGITS_FEATURE_SIZE
+    from PIL import Image
+    from course_lib.data import scan_image_folder
+    files = scan_image_folder(o).ok if Path(o).is_dir() else []
+    # the folder's own error comes when it is read
+    if not files: return DIGITS_FEATURE_SIZE
+    with Image.open(files[0]) as im: return min(im.size)
+
+def _fid_stats(a: argparse.Namespace, s) -> dict:
+    "FID statistics of one side `s` of `course fid`: a .npz, a reference name or a folder."
+    if _is_npz(s): return load_statistics(s)
+    # at the other side's size, so both go through one resize
+    if str(s) in REFERENCES:
+        return reference_statistics(str(s), a.extractor, a.weights,
+                                    size=a.size or _fid_other_size(a, s))
+    f = extract_features(s, a.extractor, a.weights, size=a.size)["features"]
+    mu, sigma = feature_statistics(f, str(s))
+    return {"mu": mu, "sigma": sigma, "n": len(f), "extractor": a.extractor}
+
+
+# %% ../nbs/32_torch_fidelity.ipynb #7ba0ecce
+def _fid_metrics(a: argparse.Namespace) -> dict:
+    "FID (and IS, KID) for the parsed `course fid` arguments `a`."
+    out: dict = {"extractor": a.extractor}
+    sa, sb = _fid_stats(a, a.a), _fid_stats(a, a.b)
+    if sa["mu"].shape != sb["mu"].shape:
+        raise ValueError(
+            f"A has {sa['mu'].shape[0]}-d statistics and B {sb['mu'].shape[0]}-d: they come"
+            " from different extractors")
+    out["fid"] = frechet_distance(sa["mu"], sa["sigma"], sb["mu"], sb["sigma"])
+    out.update(n_a=sa["n"], n_b=sb["n"])
+    if a.save_stats:
+        save_statistics(a.save_stats, sb["mu"], sb["sigma"], sb["n"], a.extractor)
+    if a.isc or a.kid:
+        fa = extract_features(a.a, a.extractor, a.weights, size=a.size)
+        if a.isc:
+            n = len(fa["logits"])
+            if n < 4:
+                raise ValueError(f"--isc needs at least 4 images in A (2 splits of 2), got {n}")
+            splits = min(10, n // 2)
+            if splits < 10:
+                warnings.warn(f"IS over {n} images: {splits} splits of {n // splits}")
+            out["is_mean"], out["is_std"] = inception_score(fa["logits"], splits=splits)
+        if a.kid:
+            fb = extract_features(a.b, a.extractor, a.weights, size=a.size)
+            out["kid_mean"], out["kid_std"] = kid(fa["features"], fb["features"],
+                                                  subset_size=a.kid_subset_size)
+    return out
+
+
+# %% ../nbs/32_torch_fidelity.ipynb #ce692317
 def fid_main(argv: list[str]) -> int:
-    """`course fid A B [--extractor digits|inception] [--isc] [--kid] [--json]`: prints FID (and IS, KID).
-    Returns 0 on success, 2 for bad arguments or missing inputs/weights (with a message on stderr)."""
+    """`course fid A B [--extractor digits|inception] [--isc] [--kid] [--json]`: prints FID (and IS,
+    KID). Returns 0 on success, 2 for bad arguments or missing inputs/weights (with a message on
+    stderr)."""
     p = _fid_parser()
     try: a = p.parse_args(argv)
     except SystemExit as e: return int(e.code or 0) if e.code in (0, None) else 2
     err = lambda msg: (print(f"course fid: {msg}", file=sys.stderr), 2)[1]
-    is_npz = lambda s: str(s).endswith(".npz")
     if a.size is not None and a.size < 1: return err(f"--size must be >= 1, got {a.size}")
-    if (a.isc and is_npz(a.a)) or (a.kid and (is_npz(a.a) or is_npz(a.b))):
-        return err("--isc needs images for A and --kid needs images for A and B, not .npz statistics")
+    if (a.isc and _is_npz(a.a)) or (a.kid and (_is_npz(a.a) or _is_npz(a.b))):
+        return err(
+            "--isc needs images for A and --kid needs images for A and B, not .npz statistics"
+        )
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out: dict = {"extractor": a.extractor}
-            def stats(s):
-                if is_npz(s): return load_statistics(s)
-                if str(s) in REFERENCES:       # at the other side's size, so both go through one resize
-                    return reference_statistics(str(s), a.extractor, a.weights, size=a.size or other_size(s))
-                f = extract_features(s, a.extractor, a.weights, size=a.size)["features"]
-                mu, sigma = feature_statistics(f, str(s))
-                return {"mu": mu, "sigma": sigma, "n": len(f), "extractor": a.extractor}
-            def other_size(s):
-                o = a.b if s == a.a else a.a
-                if is_npz(o) or str(o) in REFERENCES: return DIGITS_FEATURE_SIZE
-                from PIL import Image
-                from course_lib.data import scan_image_folder
-                files = scan_image_folder(o).ok if Path(o).is_dir() else []
-                if not files: return DIGITS_FEATURE_SIZE      # the folder's own error comes when it is read
-                with Image.open(files[0]) as im: return min(im.size)
-            sa, sb = stats(a.a), stats(a.b)
-            if sa["mu"].shape != sb["mu"].shape:
-                return err(f"A has {sa['mu'].shape[0]}-d statistics and B {sb['mu'].shape[0]}-d: they come from different extractors")
-            out["fid"] = frechet_distance(sa["mu"], sa["sigma"], sb["mu"], sb["sigma"])
-            out.update(n_a=sa["n"], n_b=sb["n"])
-            if a.save_stats: save_statistics(a.save_stats, sb["mu"], sb["sigma"], sb["n"], a.extractor)
-            if a.isc or a.kid:
-                fa = extract_features(a.a, a.extractor, a.weights, size=a.size)
-                if a.isc:
-                    n = len(fa["logits"])
-                    if n < 4: return err(f"--isc needs at least 4 images in A (2 splits of 2), got {n}")
-                    splits = min(10, n // 2)
-                    if splits < 10: warnings.warn(f"IS over {n} images: {splits} splits of {n // splits}")
-                    out["is_mean"], out["is_std"] = inception_score(fa["logits"], splits=splits)
-                if a.kid:
-                    fb = extract_features(a.b, a.extractor, a.weights, size=a.size)
-                    out["kid_mean"], out["kid_std"] = kid(fa["features"], fb["features"], subset_size=a.kid_subset_size)
+            out = _fid_metrics(a)
         for w in caught: print(f"course fid: warning: {w.message}", file=sys.stderr)
     except (ValueError, FileNotFoundError, OfflineError, TypeError) as e:
         return err(str(e))
     if a.json: print(json.dumps(out))
     else:
-        print(f"FID  {out['fid']:.4f}   ({a.extractor} features; A: {out['n_a']} images, B: {out['n_b']} images)")
+        print(f"FID  {out['fid']:.4f}   ({a.extractor} features; A: {out['n_a']} images, B:"
+              f" {out['n_b']} images)")
         if "is_mean" in out: print(f"IS   {out['is_mean']:.4f} ± {out['is_std']:.4f}")
         if "kid_mean" in out: print(f"KID  {out['kid_mean']:.6f} ± {out['kid_std']:.6f}")
     return 0
+

@@ -4,7 +4,7 @@
 
 # %% ../nbs/52_inference_export.ipynb #7e753674
 from __future__ import annotations
-import argparse, copy, io, json, os, sys, time, warnings
+import copy, io, json, os, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -12,56 +12,64 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import timm
 
 from .core import get_device, atomic_write
 from .vision_registry import (suggest_models, check_model_name, count_params, count_flops,
                                         model_in_chans, model_data_config, normalize_images)
-from .vision_transfer import (digits_task, source_task, target_task, save_model, checkpoint_info,
-                                        check_checkpoint, create_vision_model, load_finetuned, STRATEGIES,
-                                        FinetuneConfig, FinetuneResult, random_shift, layer_groups, evaluate,
-                                        finetune, SYMMETRIES, square_symmetries, label_augmented,
-                                        pretrained_source_model)
+from .vision_transfer import (digits_task, source_task, target_task, save_model,
+                                        checkpoint_info, check_checkpoint, create_vision_model,
+                                        load_finetuned, STRATEGIES, FinetuneConfig, FinetuneResult,
+                                        random_shift, layer_groups, evaluate, finetune, SYMMETRIES,
+                                        square_symmetries, label_augmented, pretrained_source_model)
+from .vision_command import finetune_main
 
-# `from course_lib.vision import *` gives the whole unit's library
-_all_ = ["suggest_models", "check_model_name", "count_params", "count_flops", "model_in_chans", "model_data_config",
-         "normalize_images", "digits_task", "source_task", "target_task", "save_model", "checkpoint_info",
-         "check_checkpoint", "create_vision_model", "load_finetuned", "STRATEGIES", "FinetuneConfig", "FinetuneResult",
-         "random_shift", "layer_groups", "evaluate", "finetune", "SYMMETRIES", "square_symmetries",
-         "label_augmented", "pretrained_source_model"]
+# the whole unit's library is reachable from `course_lib.vision`: these imported names are listed
+# in its `__all__` with the ones defined here
+_all_ = ["suggest_models", "check_model_name", "count_params", "count_flops", "model_in_chans",
+         "model_data_config", "normalize_images", "digits_task", "source_task", "target_task",
+         "save_model", "checkpoint_info", "check_checkpoint", "create_vision_model",
+         "load_finetuned", "STRATEGIES", "FinetuneConfig", "FinetuneResult", "random_shift",
+         "layer_groups", "evaluate", "finetune", "SYMMETRIES", "square_symmetries",
+         "label_augmented", "pretrained_source_model", "finetune_main"]
 
 # %% auto #0
 __all__ = ['TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy', 'images_per_second', 'choose_batch_size',
            'bf16_supported', 'export_torchscript', 'export_onnx', 'onnx_session', 'quantize_int8', 'model_size_bytes',
-           'finetune_main', 'suggest_models', 'check_model_name', 'count_params', 'count_flops', 'model_in_chans',
-           'model_data_config', 'normalize_images', 'digits_task', 'source_task', 'target_task', 'save_model',
-           'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned', 'STRATEGIES',
-           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune', 'SYMMETRIES',
-           'square_symmetries', 'label_augmented', 'pretrained_source_model']
+           'suggest_models', 'check_model_name', 'count_params', 'count_flops', 'model_in_chans', 'model_data_config',
+           'normalize_images', 'digits_task', 'source_task', 'target_task', 'save_model', 'checkpoint_info',
+           'check_checkpoint', 'create_vision_model', 'load_finetuned', 'STRATEGIES', 'FinetuneConfig',
+           'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune', 'SYMMETRIES', 'square_symmetries',
+           'label_augmented', 'pretrained_source_model', 'finetune_main']
 
 # %% ../nbs/52_inference_export.ipynb #e9cac432
 TTA_MODES = ("none", "flip", "crops", "flip+crops")
 
 def tta_views(x: torch.Tensor, tta: str = "none", pad: int = 2) -> list[torch.Tensor]:
-    """The views of a batch `x` `(B, C, H, W)` for test-time augmentation `tta` in `TTA_MODES`: 'flip' adds the
-    horizontal mirror; 'crops' replaces the image by five `H x W` crops (centre and corners) of `x` padded by
-    `pad` pixels (replicate), as in five-crop TTA. Raises `ValueError` for an unknown mode."""
-    if tta not in TTA_MODES: raise ValueError(f"unknown tta {tta!r}; choose one of {list(TTA_MODES)}")
+    """The views of a batch `x` `(B, C, H, W)` for test-time augmentation `tta` in `TTA_MODES`:
+    'flip' adds the horizontal mirror. 'crops' replaces the image by five `H x W` crops (centre and
+    corners) of `x` padded by `pad` pixels (replicate), as in five-crop TTA. Raises `ValueError` for
+    an unknown mode."""
+    if tta not in TTA_MODES:
+        raise ValueError(f"unknown tta {tta!r}; choose one of {list(TTA_MODES)}")
     views = [x]
     if "crops" in tta:
         H, W = x.shape[-2:]
         xp = F.pad(x, (pad,) * 4, mode="replicate")
-        views = [xp[..., dy:dy + H, dx:dx + W] for dy, dx in [(pad, pad), (0, 0), (0, 2 * pad), (2 * pad, 0), (2 * pad, 2 * pad)]]
+        views = [xp[..., dy : dy + H, dx : dx + W]
+                 for dy, dx in [(pad, pad), (0, 0), (0, 2 * pad), (2 * pad, 0), (2 * pad, 2 * pad)]]
     if "flip" in tta: views = views + [v.flip(-1) for v in views]
     return views
 
+# %% ../nbs/52_inference_export.ipynb #2200cc5b
 @torch.no_grad()
-def predict_logits(model: nn.Module, x: torch.Tensor, data_config: dict | None = None, tta: str = "none",
-                   batch_size: int = 256, device: str | torch.device | None = None, amp_dtype: torch.dtype | None = None,
+def predict_logits(model: nn.Module, x: torch.Tensor, data_config: dict | None = None,
+                   tta: str = "none", batch_size: int = 256,
+                   device: str | torch.device | None = None, amp_dtype: torch.dtype | None = None,
                    channels_last: bool = False) -> torch.Tensor:
-    """Logits `(N, K)` float32 (on the CPU) of `model` for images `x` `(N, C, H, W)` float in [-1, 1], averaged over
-    the TTA views (`tta_views`). Inputs are normalised with `data_config` (default `model_data_config(model)`).
-    `amp_dtype`: run under `torch.autocast` in bf16/fp16; `channels_last`: NHWC memory format for the inputs."""
+    """Logits `(N, K)` float32 (on the CPU) of `model` for images `x` `(N, C, H, W)` float in [-1,
+    1], averaged over the TTA views (`tta_views`). Inputs are normalised with `data_config` (default
+    `model_data_config(model)`). `amp_dtype`: run under `torch.autocast` in bf16/fp16;
+    `channels_last`: NHWC memory format for the inputs."""
     device = get_device(device) if device is None or isinstance(device, str) else device
     data_config = data_config or model_data_config(model)
     model.eval()
@@ -78,7 +86,8 @@ def predict_logits(model: nn.Module, x: torch.Tensor, data_config: dict | None =
     return torch.cat(out)
 
 def ensemble_logits(models: Sequence[nn.Module], x: torch.Tensor, **kwargs) -> torch.Tensor:
-    "The mean of `predict_logits(m, x, **kwargs)` over `models` (logit averaging), `(N, K)` float32."
+    """The mean of `predict_logits(m, x, **kwargs)` over `models` (logit averaging), `(N, K)`
+    float32."""
     if not models: raise ValueError("ensemble_logits needs at least one model")
     return torch.stack([predict_logits(m, x, **kwargs) for m in models]).mean(0)
 
@@ -89,33 +98,37 @@ def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 
 # %% ../nbs/52_inference_export.ipynb #0e96a20d
 def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, getattr(torch.cuda, "OutOfMemoryError", ())) or "out of memory" in str(e).lower()
+    return (isinstance(e, getattr(torch.cuda, "OutOfMemoryError", ()))
+            or "out of memory" in str(e).lower())
 
 def _sync(device: torch.device):
     if device.type == "cuda": torch.cuda.synchronize(device)
 
-def images_per_second(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, min_time: float = 0.3, warmup: int = 1) -> float:
-    """Throughput of `fn` on the batch `x` in images per second: `warmup` untimed calls, then calls until
-    `min_time` seconds have passed (at least 2); CUDA is synchronised around the timing."""
+def images_per_second(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, min_time: float = 0.3,
+                      warmup: int = 1) -> float:
+    """Throughput of `fn` on the batch `x` in images per second: `warmup` untimed calls, then calls
+    until `min_time` seconds have passed (at least 2). CUDA is synchronised around the timing."""
     dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
     for _ in range(warmup): fn(x)
     _sync(dev)
     n, t0 = 0, time.perf_counter()
     while True:
-        fn(x); n += 1
+        fn(x)
+        n += 1
         _sync(dev)
         dt = time.perf_counter() - t0
         if dt >= min_time and n >= 2: break
     return n * len(x) / dt
 
+# %% ../nbs/52_inference_export.ipynb #670edeb7
 def choose_batch_size(fn: Callable[[torch.Tensor], Any], input_size: Sequence[int],
                       candidates: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
                       device: str | torch.device | None = None, min_time: float = 0.3,
                       patience: int = 2) -> tuple[int, dict[int, float]]:
-    """Measure `images_per_second(fn, x)` for batches `x` `(b, *input_size)` of each candidate size `b`
-    (ascending) and return `(best_b, {b: images/s})`. Stops at the first out-of-memory error (that size is not
-    recorded) or after `patience` consecutive drops in throughput. Raises `RuntimeError` if even the smallest
-    batch does not fit."""
+    """Measure `images_per_second(fn, x)` for batches `x` `(b, *input_size)` of each candidate size
+    `b` (ascending) and return `(best_b, {b: images/s})`. Stops at the first out-of-memory error
+    (that size is not recorded) or after `patience` consecutive drops in throughput. Raises
+    `RuntimeError` if even the smallest batch does not fit."""
     device = get_device(device) if device is None or isinstance(device, str) else device
     table: dict[int, float] = {}
     drops = 0
@@ -130,7 +143,8 @@ def choose_batch_size(fn: Callable[[torch.Tensor], Any], input_size: Sequence[in
         if len(table) > 1 and table[b] < max(table.values()): drops += 1
         else: drops = 0
         if drops >= patience: break
-    if not table: raise RuntimeError(f"no batch size in {list(candidates)} fits in memory on {device}")
+    if not table:
+        raise RuntimeError(f"no batch size in {list(candidates)} fits in memory on {device}")
     return max(table, key=table.get), table
 
 def bf16_supported(device: torch.device) -> bool:
@@ -142,20 +156,22 @@ def bf16_supported(device: torch.device) -> bool:
 def _check_close(ref: torch.Tensor, out, what: str, atol: float) -> float:
     diff = (torch.as_tensor(np.asarray(out)).float() - ref.float()).abs().max().item()
     if not diff <= atol:
-        raise RuntimeError(f"{what} differs from PyTorch by {diff:.3g} > atol={atol:g}; the export is not faithful "
-                           "(check for data-dependent control flow or unsupported ops)")
+        raise RuntimeError(
+            f"{what} differs from PyTorch by {diff:.3g} > atol={atol:g}; the export is not faithful"
+            " (check for data-dependent control flow or unsupported ops)")
     return diff
 
-def export_torchscript(model: nn.Module, path: str | os.PathLike, example: torch.Tensor, atol: float = 1e-4,
-                       check_batch_sizes: Sequence[int] = (1, 5)) -> tuple[Path, float]:
-    """Trace `model` (eval mode, CPU) on `example` `(B, C, H, W)`, save it atomically to `path` and reload it;
-    returns `(path, max abs difference)` over batches of `check_batch_sizes`. Raises `RuntimeError` if the
-    difference exceeds `atol`. Source: `torch.jit.trace`."""
+def export_torchscript(model: nn.Module, path: str | os.PathLike, example: torch.Tensor,
+    atol: float = 1e-4, check_batch_sizes: Sequence[int] = (1, 5)) -> tuple[Path, float]:
+    """Trace `model` (eval mode, CPU) on `example` `(B, C, H, W)`, save it atomically to `path` and
+    reload it. Returns `(path, max abs difference)` over batches of `check_batch_sizes`. Raises
+    `RuntimeError` if the difference exceeds `atol`. Source: `torch.jit.trace`."""
     model = copy.deepcopy(model).cpu().eval()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ts = torch.jit.trace(model, example.cpu())
-        buf = io.BytesIO(); torch.jit.save(ts, buf)
+        buf = io.BytesIO()
+        torch.jit.save(ts, buf)
     with atomic_write(path, "wb") as f: f.write(buf.getvalue())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -167,19 +183,9 @@ def export_torchscript(model: nn.Module, path: str | os.PathLike, example: torch
             diff = max(diff, _check_close(model(x), loaded(x), f"TorchScript ({path})", atol))
     return Path(path), diff
 
-def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor, atol: float = 1e-4,
-                opset: int = 17, check_batch_sizes: Sequence[int] = (1, 5, 33),
-                metadata: dict[str, Any] | None = None) -> tuple[Path, float]:
-    """Export `model` (eval mode, CPU) to ONNX at `path` (atomically) with input `x` `(batch, C, H, W)` and output
-    `logits` `(batch, K)`, the batch axis dynamic, and `metadata` (default: the model's data config) in the
-    graph's metadata_props, with `input_size` the example's `(C, H, W)`, which the graph takes
-    (`ValueError` for a `metadata['input_size']` that differs; another size than the config's sets
-    `crop_pct` 1.0). Validated with onnxruntime (CPU) against PyTorch on batches of
-    `check_batch_sizes`:
-    returns `(path, max abs difference)`; raises `RuntimeError` if it exceeds `atol` (the file is removed).
-    Uses the TorchScript-based exporter (`torch.onnx.export(dynamo=False)`)."""
-    import onnx, onnxruntime as ort
-    size = [int(s) for s in example.shape[1:]]             # what the graph takes, batch apart
+# %% ../nbs/52_inference_export.ipynb #9324b3cc
+def _onnx_metadata(model: nn.Module, size: list[int], metadata: dict[str, Any] | None) -> dict:
+    "The graph's metadata: `metadata` or the model's data config, with `input_size` set to `size`."
     if metadata is None:
         cfg = model_data_config(model)
         if list(cfg["input_size"]) != size: cfg.update(input_size=size, crop_pct=1.0)
@@ -187,31 +193,69 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor
     if [int(s) for s in metadata.get("input_size", size)] != size:
         raise ValueError(f"metadata input_size {list(metadata['input_size'])} but the graph takes "
                          f"{size} (the example's shape): export with an example of that size")
-    meta = dict(metadata, input_size=size)
-    model = copy.deepcopy(model).cpu().eval()
+    return dict(metadata, input_size=size)
+
+
+# %% ../nbs/52_inference_export.ipynb #5c5f3972
+def _onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int) -> bytes:
+    "`torch.onnx.export` of the CPU, eval-mode `model` traced on `example`, batch axis dynamic."
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (example.cpu(),), buf, input_names=["x"], output_names=["logits"],
-                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}}, opset_version=opset, dynamo=False)
-    proto = onnx.load_from_string(buf.getvalue())
-    for k, v in meta.items():
-        p = proto.metadata_props.add(); p.key, p.value = str(k), json.dumps(v)
-    onnx.checker.check_model(proto)
-    with atomic_write(path, "wb") as f: f.write(proto.SerializeToString())
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
+                          opset_version=opset, dynamo=False)
+    return buf.getvalue()
+
+def _onnx_max_diff(model: nn.Module, sess, path, example: torch.Tensor,
+                   check_batch_sizes: Sequence[int], atol: float) -> float:
+    "Largest |logit difference| of `sess` from `model`; over `atol`, remove `path` and raise."
     diff = 0.0
     try:
         with torch.no_grad():
             for b in check_batch_sizes:
                 x = torch.randn(b, *example.shape[1:], generator=torch.Generator().manual_seed(b))
-                diff = max(diff, _check_close(model(x), sess.run(None, {"x": x.numpy()})[0], f"ONNX ({path})", atol))
+                diff = max(
+                    diff,
+                    _check_close(model(x), sess.run(None, {"x": x.numpy()})[0], f"ONNX ({path})",
+                                 atol),
+                )
     except RuntimeError:
-        Path(path).unlink(missing_ok=True); raise
-    return Path(path), diff
+        Path(path).unlink(missing_ok=True)
+        raise
+    return diff
 
+
+# %% ../nbs/52_inference_export.ipynb #278f5717
+def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor,
+                atol: float = 1e-4, opset: int = 17, check_batch_sizes: Sequence[int] = (1, 5, 33),
+                metadata: dict[str, Any] | None = None) -> tuple[Path, float]:
+    """Export `model` (eval mode, CPU) to ONNX at `path` (atomically) with input `x` `(batch, C, H,
+    W)` and output `logits` `(batch, K)`, the batch axis dynamic, and `metadata` (default: the
+    model's data config) in the graph's metadata_props, with `input_size` the example's `(C, H, W)`,
+    which the graph takes (`ValueError` for a `metadata['input_size']` that differs, another size
+    than the config's sets `crop_pct` 1.0). Validated with onnxruntime (CPU) against PyTorch on
+    batches of `check_batch_sizes`: returns `(path, max abs difference)`. Raises `RuntimeError` if
+    it exceeds `atol` (the file is removed). Uses the TorchScript-based exporter
+    (`torch.onnx.export(dynamo=False)`)."""
+    import onnx, onnxruntime as ort
+    size = [int(s) for s in example.shape[1:]]             # what the graph takes, batch apart
+    meta = _onnx_metadata(model, size, metadata)
+    model = copy.deepcopy(model).cpu().eval()
+    proto = onnx.load_from_string(_onnx_bytes(model, example, opset))
+    for k, v in meta.items():
+        p = proto.metadata_props.add()
+        p.key, p.value = str(k), json.dumps(v)
+    onnx.checker.check_model(proto)
+    with atomic_write(path, "wb") as f: f.write(proto.SerializeToString())
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return Path(path), _onnx_max_diff(model, sess, path, example, check_batch_sizes, atol)
+
+
+# %% ../nbs/52_inference_export.ipynb #a9fa836b
 def onnx_session(path: str | os.PathLike, threads: int | None = None):
-    "An onnxruntime CPU `InferenceSession` for `path` (`threads`: intra-op threads, default onnxruntime's)."
+    """An onnxruntime CPU `InferenceSession` for `path` (`threads`: intra-op threads, default
+    onnxruntime's)."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     if threads: so.intra_op_num_threads = threads
@@ -220,151 +264,16 @@ def onnx_session(path: str | os.PathLike, threads: int | None = None):
 # %% ../nbs/52_inference_export.ipynb #cd24f509
 def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of `model` (CPU, eval) with its `nn.Linear` layers dynamically quantised to int8
-    (`torch.ao.quantization.quantize_dynamic`, qint8 weights, per-tensor scales); CPU inference only."""
+    (`torch.ao.quantization.quantize_dynamic`, qint8 weights, per-tensor scales). CPU inference
+    only."""
     from torch.ao.quantization import quantize_dynamic
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return quantize_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear}, dtype=torch.qint8)
 
 def model_size_bytes(model: nn.Module) -> int:
-    "Bytes of `torch.save(model.state_dict())` (what the weights take on disk, packed int8 included)."
+    """Bytes of `torch.save(model.state_dict())` (what the weights take on disk, packed int8
+    included)."""
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     return buf.tell()
-
-# %% ../nbs/52_inference_export.ipynb #8a2977bb
-def _folder_dataset(root: Path, img_size: int, in_chans: int):
-    "Load a class-per-subfolder image folder into tensors; checks for empty classes. Returns (x, y, classes, skipped)."
-    from course_lib.data import ImageFolder
-    if not root.is_dir(): raise ValueError(f"{root} is not a folder: pass a folder with one sub-folder per class")
-    subdirs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if len(subdirs) < 2:
-        raise ValueError(f"{root} has {len(subdirs)} class sub-folder(s) ({subdirs}); fine-tuning needs at least 2")
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        try: ds = ImageFolder(root, size=img_size, channels=in_chans, dtype="float", labels="subfolder")
-        except ValueError as e: raise ValueError(f"no usable images under {root}: {e}") from None
-    top = [p.name for p in ds.files if p.parent == root]
-    if top: raise ValueError(f"{len(top)} image(s) directly in {root} ({top[:3]}): move them into a class sub-folder")
-    empty = [d for d in subdirs if d not in ds.classes]
-    if empty:
-        why = {d: [r for p, r in ds.report.skipped if p.relative_to(root).parts[0] == d] for d in empty}
-        raise ValueError("class folder(s) with no usable image: " + "; ".join(
-            f"{d}/ ({len(why[d])} unreadable file(s))" if why[d] else f"{d}/ (empty)" for d in empty)
-            + ": add images or remove the folder")
-    x = torch.stack([ds[i][0] for i in range(len(ds))])
-    y = torch.tensor(ds.targets, dtype=torch.long)
-    skipped = [(str(p.relative_to(root)), r) for p, r in ds.report.skipped]
-    return x, y, ds.classes, skipped
-
-def finetune_main(argv: list[str] | None = None) -> int:
-    """`course finetune DIR --model NAME [--pretrained FILE] [--strategy S] ...`: fine-tune a timm model on a
-    folder with one sub-folder per class; writes `OUT/model.safetensors` and `OUT/metrics.json`.
-    Returns 0 on success, 2 on bad arguments or input (with a message on stderr)."""
-    from torch.utils.data import TensorDataset
-    from course_lib.data import split_indices, split_folders
-    p = argparse.ArgumentParser(prog="course finetune", description="Fine-tune a timm model on a folder of class sub-folders.")
-    p.add_argument("folder", type=Path, help="folder with one sub-folder of images per class, or "
-                   "split into train/ and val/ (or test/) folders, each with the class sub-folders")
-    p.add_argument("--model", required=True, help="timm model name, e.g. course_resnet_32, resnet18, vit_tiny_patch16_224")
-    p.add_argument("--pretrained", type=Path, default=None, help="local safetensors checkpoint to start from (never downloads)")
-    p.add_argument("--strategy", choices=STRATEGIES, default=None, help="default: full with --pretrained, else scratch")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--layer-decay", type=float, default=0.65)
-    p.add_argument("--img-size", type=int, default=None, help="default: the model's data config (32 for course models)")
-    p.add_argument("--in-chans", type=int, choices=(1, 3), default=None, help="default: the checkpoint's, else the model's")
-    p.add_argument("--valid-frac", type=float, default=None,
-                   help="share of each class held out to validate (default 0.2; not with val/)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default FOLDER-finetuned)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None)
-    p.add_argument("--progress", action="store_true")
-    try: a = p.parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    def fail(msg): print(f"course finetune: {msg}", file=sys.stderr); return 2
-    strategy = a.strategy or ("full" if a.pretrained else "scratch")
-    if strategy != "scratch" and a.pretrained is None:
-        return fail(f"--strategy {strategy} needs --pretrained FILE (a safetensors checkpoint); use --strategy scratch without one")
-    if a.steps < 1 or a.batch_size < 1: return fail(f"--steps and --batch-size must be >= 1, got {a.steps}, {a.batch_size}")
-    if a.img_size is not None and a.img_size < 1: return fail(f"--img-size must be >= 1, got {a.img_size}")
-    if not a.lr > 0: return fail(f"--lr must be > 0, got {a.lr:g}")
-    try:
-        check_model_name(a.model)
-        meta = checkpoint_info(a.pretrained)[1] if a.pretrained is not None else {}
-        in_chans = a.in_chans or (int(meta["in_chans"]) if "in_chans" in meta else None)
-        saved = json.loads(meta["input_size"]) if "input_size" in meta else None
-        cfg = timm.models.get_pretrained_cfg(a.model.split(".")[0])
-        default_size = tuple(getattr(cfg, "input_size", None) or (3, 224, 224))
-        in_chans = in_chans or default_size[0]
-        img_size = a.img_size or int(saved[-1] if saved else default_size[-1])  # the checkpoint's
-        if a.valid_frac is not None and not 0 < a.valid_frac < 1:
-            return fail(f"--valid-frac must be in (0, 1), got {a.valid_frac}")
-        splits = split_folders(a.folder) if a.folder.is_dir() else None
-        held = splits and (splits.get("valid") or splits.get("test"))
-        if held and a.valid_frac is not None:
-            return fail(f"{a.folder} has its own validation split {held.name}/: drop --valid-frac, "
-                        f"or pass {splits['train']} to split its images")
-        root = splits["train"] if splits else a.folder
-        x, y, classes, skipped = _folder_dataset(root, img_size, in_chans)
-        if held:
-            x, y, tr, va, skipped = _add_held_out(x, y, classes, skipped, splits, held, img_size,
-                                                  in_chans)
-        else: tr, va = split_indices(y.numpy(), a.valid_frac or 0.2, a.seed)
-        train_ds, val_ds = TensorDataset(x[tr], y[tr]), (TensorDataset(x[va], y[va]) if len(va) else None)
-        no_val = [c for i, c in enumerate(classes) if len(va) and not (y[va] == i).any()]
-        conf = FinetuneConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, layer_decay=a.layer_decay,
-                              seed=a.seed, device=a.device, eval_every=max(1, a.steps // 10))
-        kw = dict(in_chans=in_chans, img_size=img_size)
-        res = finetune(a.model, train_ds, val_ds, strategy, pretrained_file=a.pretrained, num_classes=len(classes),
-                       config=conf, model_kwargs=kw, progress=a.progress)
-    except (ValueError, FileNotFoundError) as e:
-        return fail(str(e))
-    out = a.out or a.folder.with_name(a.folder.name + "-finetuned")
-    ckpt = save_model(res.model, out / "model.safetensors", classes=classes, strategy=strategy)
-    metrics = dict(model=a.model, strategy=strategy, pretrained=str(a.pretrained) if a.pretrained else None,
-                   classes=classes, n_train=len(tr), n_valid=len(va), img_size=img_size, in_chans=in_chans,
-                   steps=a.steps, val_acc=res.val_acc, history=res.history, seconds=round(res.seconds, 2),
-                   skipped=[dict(file=f, reason=r) for f, r in skipped], checkpoint=str(ckpt),
-                   splits={k: v.name for k, v in splits.items()} if splits else None,
-                   valid_from=held.name if held else f"{a.valid_frac or 0.2:g} of each class",
-                   classes_without_valid=no_val)
-    with atomic_write(out / "metrics.json", "w") as f: json.dump(metrics, f, indent=1)
-    for f_, r in skipped: print(f"skipped {f_}: {r}", file=sys.stderr)
-    if splits and "test" in splits and held != splits["test"]:
-        print(f"note: {splits['test'].name}/ was not used (kept for a final test)", file=sys.stderr)
-    if no_val:
-        print(f"note: class(es) {no_val} have no validation image (too few images: all kept for "
-              "training); the validation accuracy leaves them out", file=sys.stderr)
-    acc = "n/a (no validation images)" if val_ds is None else f"{res.val_acc:.3f}"
-    src = f" ({held.name}/)" if held else ""
-    print(f"{a.model} ({strategy}, {a.steps} steps) on {len(classes)} classes, {len(tr)} train / "
-          f"{len(va)} valid{src} images: "
-          f"val acc {acc}\nwrote {ckpt} and {out / 'metrics.json'}")
-    return 0
-
-# %% ../nbs/52_inference_export.ipynb #78bb4022
-def _add_held_out(x, y, classes, skipped, splits, held, img_size, in_chans):
-    """Append the images of the split folder `held` (`held/CLASS/image`) to the training split's
-    `x, y`, labelled by the training `classes`; returns `(x, y, train_idx, valid_idx, skipped)`.
-    Raises `ValueError` naming a class folder that the training split does not have."""
-    from course_lib.data import ImageFolder
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        try: ds = ImageFolder(held, size=img_size, channels=in_chans, labels="subfolder")
-        except ValueError as e: raise ValueError(f"no usable images under {held}: {e}") from None
-    top = [p.name for p in ds.files if p.parent == held]
-    if top:
-        raise ValueError(f"{len(top)} image(s) directly in {held} ({top[:3]}): move them into a "
-                         "class sub-folder")
-    new = [c for c in ds.classes if c not in classes]
-    if new:
-        raise ValueError(f"{held} has class folder(s) {new} that {splits['train']} does not have "
-                         f"(its classes: {classes}): rename them or remove them")
-    xv = torch.stack([ds[i][0] for i in range(len(ds))])
-    yv = torch.tensor([classes.index(ds.classes[t]) for t in ds.targets], dtype=torch.long)
-    skipped = [(f"{splits['train'].name}/{f}", r) for f, r in skipped]
-    skipped += [(str(p.relative_to(held.parent)), r) for p, r in ds.report.skipped]
-    n = len(y)
-    return torch.cat([x, xv]), torch.cat([y, yv]), np.arange(n), np.arange(n, n + len(yv)), skipped

@@ -25,13 +25,14 @@ __all__ = ['default_cfgs', 'suggest_models', 'check_model_name', 'count_params',
 
 # %% ../nbs/50_timm_registry.ipynb #c77297d5
 def suggest_models(name: str, n: int = 5) -> list[str]:
-    "Up to `n` registered timm architectures closest to `name` (difflib similarity; a pretrained tag's suffix is ignored)."
+    """Up to `n` registered timm architectures closest to `name` (difflib similarity, a pretrained
+    tag's suffix is ignored)."""
     arch = name.split(".")[0]
     return difflib.get_close_matches(arch, timm.list_models(), n=n, cutoff=0.5)
 
 def check_model_name(name: str) -> str:
-    """Return `name` if timm can create it (an architecture, optionally with a `.tag`), else raise `ValueError`
-    naming it and suggesting close names (`suggest_models`)."""
+    """Return `name` if timm can create it (an architecture, optionally with a `.tag`), else raise
+    `ValueError` naming it and suggesting close names (`suggest_models`)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"model name must be a non-empty string, got {name!r}")
     if timm.is_model(name.split(".")[0]): return name
@@ -47,8 +48,8 @@ def count_params(model: nn.Module, trainable_only: bool = False) -> int:
 @torch.no_grad()
 def count_flops(model: nn.Module, input_size: Sequence[int]) -> int:
     """FLOPs of one forward pass of `model` on a batch of one `(1, *input_size)` image, counted by
-    `torch.utils.flop_counter.FlopCounterMode` (2 FLOPs per multiply-accumulate in matmuls and convolutions;
-    elementwise ops are not counted). `input_size` is `(C, H, W)`."""
+    `torch.utils.flop_counter.FlopCounterMode` (2 FLOPs per multiply-accumulate in matmuls and
+    convolutions, elementwise ops are not counted). `input_size` is `(C, H, W)`."""
     from torch.utils.flop_counter import FlopCounterMode
     was_training = model.training
     model.eval()
@@ -65,25 +66,29 @@ def _course_cfg(**kw) -> dict:
 
 default_cfgs = generate_default_cfgs({
     "course_resnet_32.untrained": _course_cfg(first_conv="conv1", classifier="fc"),
-    "course_vit_32.untrained": _course_cfg(first_conv="patch_embed.proj", classifier="head"),
-})
+    "course_vit_32.untrained": _course_cfg(first_conv="patch_embed.proj", classifier="head")})
 
 @register_model
 def course_resnet_32(pretrained: bool = False, **kwargs) -> ResNet:
-    "A small timm ResNet for 32x32 images (one BasicBlock a stage, widths 32-64-128-256; 1 input channel by default)."
+    """A small timm ResNet for 32x32 images (one BasicBlock a stage, widths 32-64-128-256, 1 input
+    channel by default)."""
     args = dict(block=BasicBlock, layers=(1, 1, 1, 1), channels=(32, 64, 128, 256), stem_width=32,
                 in_chans=1, num_classes=10)
     return build_model_with_cfg(ResNet, "course_resnet_32", pretrained, **dict(args, **kwargs))
 
 @register_model
 def course_vit_32(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    "A small timm ViT for 32x32 images: 4x4 patches (8x8 grid + class token), width 96, depth 4, 3 heads, 1 channel by default."
-    args = dict(img_size=32, patch_size=4, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0, in_chans=1, num_classes=10)
-    return build_model_with_cfg(VisionTransformer, "course_vit_32", pretrained, **dict(args, **kwargs))
+    """A small timm ViT for 32x32 images: 4x4 patches (8x8 grid + class token), width 96, depth 4, 3
+    heads, 1 channel by default."""
+    args = dict(img_size=32, patch_size=4, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0,
+                in_chans=1, num_classes=10)
+    return build_model_with_cfg(VisionTransformer, "course_vit_32", pretrained,
+                                **dict(args, **kwargs))
 
 # %% ../nbs/50_timm_registry.ipynb #24c37cee
 def model_in_chans(model: nn.Module) -> int:
-    "The number of input channels `model` really takes (its pretrained cfg's `first_conv`, else its first Conv2d)."
+    """The number of input channels `model` really takes (its pretrained cfg's `first_conv`, else
+    its first Conv2d)."""
     first = getattr(model, "pretrained_cfg", {}).get("first_conv")
     names = [first] if isinstance(first, str) else list(first or [])
     mods = dict(model.named_modules())
@@ -92,34 +97,41 @@ def model_in_chans(model: nn.Module) -> int:
         if w is None: w = dict(model.named_parameters()).get(f"{n}.weight")
         if w is not None and w.ndim == 4: return int(w.shape[1])
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    if conv is None: raise ValueError("cannot find the first convolution of the model: pass in_chans explicitly")
+    if conv is None:
+        raise ValueError("cannot find the first convolution of the model: pass in_chans explicitly")
     return conv.in_channels
 
 def model_fixed_size(model: nn.Module) -> tuple[int, int] | None:
-    "The input size a model is built for (ViT-like models with a fixed patch grid), else None (any size)."
+    """The input size a model is built for (ViT-like models with a fixed patch grid), else None (any
+    size)."""
     pe = getattr(model, "patch_embed", None)
-    if pe is not None and getattr(pe, "img_size", None) is not None and not getattr(pe, "dynamic_img_size", False):
+    if (pe is not None
+        and getattr(pe, "img_size", None) is not None
+        and not getattr(pe, "dynamic_img_size", False)):
         return tuple(int(s) for s in pe.img_size)
     return None
 
+# %% ../nbs/50_timm_registry.ipynb #01206c82
 def model_data_config(model: nn.Module, img_size: int | None = None) -> dict[str, Any]:
     """timm's `resolve_model_data_config(model)` corrected to what `model` actually takes:
 
-    - `input_size[0]` = the model's real input channels (`model_in_chans`), not the pretrained weights';
+    - `input_size[0]` = the model's real input channels (`model_in_chans`), not the pretrained
+      weights';
     - `input_size[1:]` = `img_size` if given, else the model's fixed size (ViTs), else the config's;
     - `mean`/`std` reduced to that many channels (averaged to 1 channel, repeated from 1 to 3);
     - `crop_pct` = 1.0 when `img_size` is given (small images are not centre-cropped).
 
-    Raises `ValueError` when `img_size` disagrees with a ViT's fixed patch grid (recreate the model with
-    `img_size=...`). The result can be passed to `timm.data.create_transform(**cfg)`."""
+    Raises `ValueError` when `img_size` disagrees with a ViT's fixed patch grid (recreate the model
+    with `img_size=...`). The result can be passed to `timm.data.create_transform(**cfg)`."""
     from timm.data import resolve_model_data_config
     cfg = dict(resolve_model_data_config(model))
     c = model_in_chans(model)
     fixed = model_fixed_size(model)
     if img_size is not None:
         if fixed is not None and tuple(fixed) != (img_size, img_size):
-            raise ValueError(f"the model is built for {fixed[0]}x{fixed[1]} inputs, not img_size={img_size}: create it "
-                             f"with timm.create_model(name, img_size={img_size}, ...)")
+            raise ValueError(
+                f"the model is built for {fixed[0]}x{fixed[1]} inputs, not img_size={img_size}:"
+                f" create it with timm.create_model(name, img_size={img_size}, ...)")
         hw = (img_size, img_size)
         cfg["crop_pct"] = 1.0
     else: hw = fixed or tuple(cfg["input_size"][1:])
@@ -134,19 +146,23 @@ def model_data_config(model: nn.Module, img_size: int | None = None) -> dict[str
 
 # %% ../nbs/50_timm_registry.ipynb #4a1665e4
 def normalize_images(x: torch.Tensor, data_config: dict[str, Any]) -> torch.Tensor:
-    """Map images `x` `(B, C, H, W)` float in [-1, 1] (the course's convention) to the model's normalisation
-    `(x01 - mean) / std` with `x01 = (x + 1) / 2` and `mean`, `std` from `data_config` (see `model_data_config`).
+    """Map images `x` `(B, C, H, W)` float in [-1, 1] (the course's convention) to the model's
+    normalisation `(x01 - mean) / std` with `x01 = (x + 1) / 2` and `mean`, `std` from `data_config`
+    (see `model_data_config`).
 
-    Raises `ValueError` when `C` differs from `data_config['input_size'][0]` (load the images with that many
-    channels, or create the model with `in_chans=C`), or when `H, W` differ from the configured size."""
+    Raises `ValueError` when `C` differs from `data_config['input_size'][0]` (load the images with
+    that many channels, or create the model with `in_chans=C`), or when `H, W` differ from the
+    configured size."""
     c, h, w = data_config["input_size"]
     if x.ndim != 4: raise ValueError(f"expected images (B, C, H, W), got shape {tuple(x.shape)}")
     if x.shape[1] != c:
-        raise ValueError(f"in_chans mismatch: images have {x.shape[1]} channel(s) but the model takes {c}: load the "
-                         f"images with channels={c} or create the model with in_chans={x.shape[1]}")
+        raise ValueError(
+            f"in_chans mismatch: images have {x.shape[1]} channel(s) but the model takes {c}: load"
+            f" the images with channels={c} or create the model with in_chans={x.shape[1]}")
     if tuple(x.shape[2:]) != (h, w):
-        raise ValueError(f"images are {x.shape[2]}x{x.shape[3]} but the model's data config says {h}x{w}: resize them "
-                         f"or pass img_size={x.shape[2]} to model_data_config")
+        raise ValueError(
+            f"images are {x.shape[2]}x{x.shape[3]} but the model's data config says {h}x{w}: resize"
+            f" them or pass img_size={x.shape[2]} to model_data_config")
     mean = torch.tensor(data_config["mean"], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
     std = torch.tensor(data_config["std"], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
     return ((x + 1) / 2 - mean) / std

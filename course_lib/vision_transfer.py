@@ -4,7 +4,7 @@
 
 # %% ../nbs/51_transfer_learning.ipynb #9adf995d
 from __future__ import annotations
-import json, os, time
+import os, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -16,28 +16,38 @@ import timm
 from filelock import FileLock
 from torch.utils.data import TensorDataset
 
-from .core import restore_pretrained, grad_enabled, seed_everything, get_device, cache_dir, save_checkpoint
+from .core import (restore_pretrained, grad_enabled, seed_everything, get_device,
+                             cache_dir)
 from .data import Digits
-from .vision_registry import (check_model_name, model_data_config, model_in_chans, normalize_images,
-                                       model_fixed_size, record_input_size)
+from .vision_checkpoints import (save_model, checkpoint_info, check_checkpoint,
+                                           create_vision_model, load_finetuned,
+                                           _classifier_prefixes)
+from .vision_registry import (check_model_name, model_data_config, normalize_images,
+                                        record_input_size)
+
+# the checkpoint functions (`course_lib.vision_checkpoints`) are part of this module's names too
+_all_ = ["save_model", "checkpoint_info", "check_checkpoint", "create_vision_model",
+         "load_finetuned"]
+
 
 # %% auto #0
 __all__ = ['SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task',
-           'save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned',
            'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune',
-           'square_symmetries', 'label_augmented', 'pretrained_source_model']
+           'square_symmetries', 'label_augmented', 'pretrained_source_model', 'save_model', 'checkpoint_info',
+           'check_checkpoint', 'create_vision_model', 'load_finetuned']
 
 # %% ../nbs/51_transfer_learning.ipynb #a3cbb52e
 SOURCE_CLASSES = (0, 1, 2, 3, 4)
 TARGET_CLASSES = (5, 6, 7, 8, 9)
 
-def digits_task(classes: Sequence[int], split: str = "train", n_per_class: int | None = None, size: int = 32,
-                seed: int = 0) -> TensorDataset:
-    """The real digits of `classes` as a `TensorDataset` of `x` `(N, 1, size, size)` float32 in [-1, 1] and
-    `y` `(N,)` int64 renumbered `0..len(classes)-1` in the order of `classes`.
+def digits_task(classes: Sequence[int], split: str = "train", n_per_class: int | None = None,
+                size: int = 32, seed: int = 0) -> TensorDataset:
+    """The real digits of `classes` as a `TensorDataset` of `x` `(N, 1, size, size)` float32 in [-1,
+    1] and `y` `(N,)` int64 renumbered `0..len(classes)-1` in the order of `classes`.
 
-    `split`: 'train' or 'valid' (the `Digits` 80/20 split); `n_per_class`: keep only that many images a class
-    (a seeded random choice). Raises `ValueError` when a class has fewer than `n_per_class` images."""
+    `split`: 'train' or 'valid' (the `Digits` 80/20 split). `n_per_class`: keep only that many
+    images a class (a seeded random choice). Raises `ValueError` when a class has fewer than
+    `n_per_class` images."""
     classes = [int(c) for c in classes]
     ds = Digits(split, size=size, classes=classes)
     y = torch.tensor([classes.index(int(v)) for v in ds.labels], dtype=torch.long)
@@ -48,7 +58,8 @@ def digits_task(classes: Sequence[int], split: str = "train", n_per_class: int |
         for c in range(len(classes)):
             ic = idx[y == c]
             if len(ic) < n_per_class:
-                raise ValueError(f"class {classes[c]} has {len(ic)} {split} images, fewer than n_per_class={n_per_class}")
+                raise ValueError(f"class {classes[c]} has {len(ic)} {split} images, fewer than"
+                                 f" n_per_class={n_per_class}")
             keep.append(ic[torch.randperm(len(ic), generator=gen)[:n_per_class]])
         idx = torch.cat(keep).sort().values
     return TensorDataset(ds.images[idx], y[idx])
@@ -57,155 +68,19 @@ def source_task(split: str = "train", size: int = 32) -> TensorDataset:
     "Digits 0-4 (labels 0-4), all images of `split`. See `digits_task`."
     return digits_task(SOURCE_CLASSES, split, size=size)
 
-def target_task(split: str = "train", n_per_class: int | None = None, size: int = 32, seed: int = 0) -> TensorDataset:
-    "Digits 5-9 relabelled 0-4; `n_per_class` labelled images a class (train), all of them for 'valid'. See `digits_task`."
+def target_task(split: str = "train", n_per_class: int | None = None, size: int = 32,
+                seed: int = 0) -> TensorDataset:
+    """Digits 5-9 relabelled 0-4. `n_per_class` labelled images a class (train), all of them for
+    'valid'. See `digits_task`."""
     return digits_task(TARGET_CLASSES, split, n_per_class, size, seed)
-
-# %% ../nbs/51_transfer_learning.ipynb #00d99d2d
-def save_model(model: nn.Module, path: str | os.PathLike, **metadata) -> Path:
-    """Write `model.state_dict()` to a safetensors file at `path` atomically (`course_lib.core.save_checkpoint`),
-    with `architecture`, `num_classes`, `in_chans` and `input_size` (plus `metadata`, JSON-encoded) in the header.
-    The file is a flat state dict: `timm.create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=path))` reads it."""
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    meta = dict(architecture=cfg.get("architecture", type(model).__name__), num_classes=str(model.num_classes),
-                in_chans=str(model_in_chans(model)),
-                input_size=json.dumps(list(model_data_config(model)["input_size"])))
-    meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
-    return save_checkpoint(path, {k: v for k, v in model.state_dict().items()}, metadata=meta)
-
-def checkpoint_info(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
-    """The tensor shapes `{name: shape}` and header metadata of a safetensors checkpoint, without loading it.
-    Raises `FileNotFoundError` (missing) or `ValueError` (not a safetensors file)."""
-    from safetensors import safe_open
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no checkpoint at {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-            meta = dict(f.metadata() or {})
-    except Exception as e:
-        raise ValueError(f"{path} is not a safetensors checkpoint ({type(e).__name__}: {e}); save one with "
-                         "course_lib.vision.save_model or safetensors.torch.save_file(model.state_dict(), path)") from None
-    return shapes, meta
-
-def _classifier_prefixes(model: nn.Module) -> list[str]:
-    c = (getattr(model, "pretrained_cfg", {}) or {}).get("classifier") or []
-    return [c] if isinstance(c, str) else list(c)
-
-def _checkpoint_num_classes(model: nn.Module, shapes: dict) -> int | None:
-    for c in _classifier_prefixes(model):
-        if f"{c}.weight" in shapes: return shapes[f"{c}.weight"][0]
-    return None
-
-def _check_img_size(model: nn.Module, path, shapes: dict, meta: dict):
-    "Raise `ValueError` naming `img_size` when the file's position embedding is for another size."
-    fixed, pe = model_fixed_size(model), getattr(model, "pos_embed", None)
-    if fixed is None or pe is None: return
-    if tuple(shapes.get("pos_embed", pe.shape)) == tuple(pe.shape): return
-    if "input_size" in meta: saved = tuple(int(v) for v in json.loads(meta["input_size"])[1:])
-    else:   # tokens minus the class token(s), on a square grid of patches
-        n = shapes["pos_embed"][1] - (0 if model.no_embed_class else model.num_prefix_tokens)
-        saved = (round(n ** 0.5) * model.patch_embed.patch_size[0],) * 2
-    if saved == tuple(fixed): return       # another difference: check_checkpoint names it
-    size = saved[0] if saved[0] == saved[1] else saved
-    raise ValueError(f"img_size mismatch: {path} was trained on {saved[0]}x{saved[1]} images (its "
-                     f"position embedding is {tuple(shapes['pos_embed'])}) but the model is built "
-                     f"for {fixed[0]}x{fixed[1]}: create it with img_size={size} (load_finetuned "
-                     "reads it from the header), or resize the images")
-
-def check_checkpoint(model: nn.Module, path: str | os.PathLike) -> dict[str, str]:
-    """Check that the checkpoint at `path` fits `model` apart from its classifier; return its metadata.
-
-    Raises `ValueError` naming the file and the fix for: another architecture (header or key/shape
-    mismatch), an `in_chans` mismatch in the first convolution, an `img_size` mismatch (a ViT's
-    position embedding), or a classifier partly in the file. A file without any classifier weights
-    (a backbone) fits: loading gives it a fresh head. `FileNotFoundError` if the file is missing."""
-    shapes, meta = checkpoint_info(path)
-    arch = (getattr(model, "pretrained_cfg", {}) or {}).get("architecture")
-    if meta.get("architecture") and arch and meta["architecture"] != arch:
-        raise ValueError(f"{path} holds a {meta['architecture']!r} checkpoint, not {arch!r}: use --model "
-                         f"{meta['architecture']} (or the checkpoint trained for {arch})")
-    own = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    heads = tuple(f"{c}." for c in _classifier_prefixes(model))
-    first = (getattr(model, "pretrained_cfg", {}) or {}).get("first_conv")
-    first = [first] if isinstance(first, str) else list(first or [])
-    for fc in first:
-        k = f"{fc}.weight"
-        if k in shapes and k in own and shapes[k][1] != own[k][1]:
-            raise ValueError(f"in_chans mismatch: {path} was trained on {shapes[k][1]}-channel images ({k} {shapes[k]}) "
-                             f"but the model takes {own[k][1]}: create it with in_chans={shapes[k][1]} and load "
-                             f"images with channels={shapes[k][1]}")
-    _check_img_size(model, path, shapes, meta)
-    part = [k for k in own if k.startswith(heads) and k not in shapes]
-    if part and len(part) < len([k for k in own if k.startswith(heads)]):
-        raise ValueError(f"{path} holds only part of the classifier (no {part}): save the whole "
-                         "model, or drop every classifier tensor (a backbone gets a fresh head)")
-    missing = [k for k in own if k not in shapes and not k.startswith(heads)]
-    unexpected = [k for k in shapes if k not in own and not k.endswith("num_batches_tracked") and not k.startswith(heads)]
-    wrong = [f"{k} {shapes[k]} vs {own[k]}" for k in own if k in shapes and shapes[k] != own[k] and not k.startswith(heads)]
-    if missing or unexpected or wrong:
-        detail = "; ".join(filter(None, [f"missing {missing[:3]}" if missing else "",
-                                          f"unexpected {unexpected[:3]}" if unexpected else "",
-                                          f"shape {wrong[:3]}" if wrong else ""]))
-        raise ValueError(f"{path} does not fit a {arch!r} model ({detail}): it was saved from another architecture "
-                         f"or configuration ({meta.get('architecture', 'unknown')!r} in its header)")
-    return meta
-
-def create_vision_model(model_name: str, num_classes: int, pretrained_file: str | os.PathLike | None = None,
-                        new_head: bool = False, **kwargs) -> nn.Module:
-    """`timm.create_model(model_name, num_classes=num_classes, **kwargs)`, with weights from a local file.
-
-    With `pretrained_file`, the file is checked (`check_checkpoint`) and loaded through timm's pretrained path,
-    `create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=..., num_classes=K))`, where K is the
-    checkpoint's own class count: timm then keeps the classifier when `num_classes == K` and drops and
-    re-initialises it otherwise; a file without classifier weights (a backbone) counts as K = 0, so
-    any class count gets a fresh head. `new_head=True` always starts a fresh classifier
-    (`model.reset_classifier`).
-    Nothing is ever downloaded: without a file the model is randomly initialised.
-    Raises `ValueError` for an unknown model name (with suggestions) and for an unfit checkpoint."""
-    check_model_name(model_name)
-    def build(**extra):
-        try: return timm.create_model(model_name, num_classes=num_classes, **kwargs, **extra)
-        except TypeError as e:
-            if "img_size" in kwargs and "img_size" in str(e):   # a model without a fixed input size
-                kw = {k: v for k, v in kwargs.items() if k != "img_size"}
-                return timm.create_model(model_name, num_classes=num_classes, **kw, **extra)
-            raise
-    model = build()
-    if pretrained_file is None: return model
-    check_checkpoint(model, pretrained_file)
-    shapes, _ = checkpoint_info(pretrained_file)
-    k = _checkpoint_num_classes(model, shapes)
-    overlay = dict(file=str(pretrained_file), num_classes=k or 0)   # no classifier in it: K = 0
-    model = build(pretrained=True, pretrained_cfg_overlay=overlay)
-    if new_head: model.reset_classifier(num_classes)
-    return model
-
-def load_finetuned(path: str | os.PathLike, **kwargs) -> nn.Module:
-    """Reload a model saved by `save_model`, classifier included: architecture, class count,
-    `in_chans` and input size from the header (a ViT is built for the saved `img_size`, and
-    `record_input_size` gives any model's data config that size). `kwargs` (e.g. `img_size`) go to
-    `create_vision_model`. Raises `ValueError` if the header names no architecture, or naming
-    `img_size` for a ViT asked for another size than the file was trained at."""
-    _, meta = checkpoint_info(path)
-    if "architecture" not in meta:
-        raise ValueError(f"{path} has no 'architecture' in its header: use create_vision_model(name, num_classes, pretrained_file=...)")
-    kw = dict(in_chans=int(meta["in_chans"])) if "in_chans" in meta else {}
-    size = [int(v) for v in json.loads(meta["input_size"])] if "input_size" in meta else None
-    if size: kw["img_size"] = size[1] if size[1] == size[2] else tuple(size[1:])
-    kw.update(kwargs)
-    K = int(meta["num_classes"])
-    model = create_vision_model(meta["architecture"], K, pretrained_file=path, **kw)
-    if kw.get("img_size") is not None:           # also a ViT: its pretrained_cfg says the size too
-        record_input_size(model, kw["img_size"])
-    return model.eval()
 
 # %% ../nbs/51_transfer_learning.ipynb #a1928350
 STRATEGIES = ("scratch", "linear", "full", "lld", "gradual")
 
 @dataclass
 class FinetuneConfig:
-    "Training knobs of `finetune`; the defaults run in well under a minute on a CPU for the course's models."
+    """Training knobs of `finetune`. The defaults run in well under a minute on a CPU for the
+    course's models."""
     steps: int = 200            # optimiser updates (the budget every strategy gets)
     batch_size: int = 32
     lr: float = 2e-3            # peak learning rate (AdamW)
@@ -219,7 +94,8 @@ class FinetuneConfig:
 
 @dataclass
 class FinetuneResult:
-    "What `finetune` returns: the trained `model` (eval mode), the validation `history`, the final accuracy."
+    """What `finetune` returns: the trained `model` (eval mode), the validation `history`, the final
+    accuracy."""
     model: nn.Module
     strategy: str
     history: list[dict] = field(default_factory=list)   # [{'step', 'loss', 'val_acc', 'lr'}]
@@ -227,17 +103,21 @@ class FinetuneResult:
     data_config: dict = field(default_factory=dict)
     seconds: float = 0.0
 
-def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Translate each image of `x` `(B, C, H, W)` by its own random integer offset in `[-max_shift, max_shift]`
-    on each axis, filling with the image's border value (replicate padding). Returns a new tensor."""
+def random_shift(x: torch.Tensor, max_shift: int,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Translate each image of `x` `(B, C, H, W)` by its own random integer offset in `[-max_shift,
+    max_shift]` on each axis, filling with the image's border value (replicate padding). Returns a
+    new tensor."""
     if max_shift <= 0: return x
     B, C, H, W = x.shape
     xp = F.pad(x, (max_shift,) * 4, mode="replicate")
     off = torch.randint(0, 2 * max_shift + 1, (B, 2), generator=generator).tolist()
     return torch.stack([xp[i, :, dy:dy + H, dx:dx + W] for i, (dy, dx) in enumerate(off)])
 
+# %% ../nbs/51_transfer_learning.ipynb #4b81918e
 def layer_groups(model: nn.Module) -> list[list[str]]:
-    "timm's layer groups of `model` (`group_matcher(coarse=False)`), input side first: lists of parameter names."
+    """timm's layer groups of `model` (`group_matcher(coarse=False)`), input side first: lists of
+    parameter names."""
     from timm.models import group_parameters
     groups = group_parameters(model, model.group_matcher(coarse=False))
     return [list(v) for _, v in sorted(groups.items())]
@@ -245,7 +125,8 @@ def layer_groups(model: nn.Module) -> list[list[str]]:
 @torch.no_grad()
 def evaluate(model: nn.Module, ds, data_config: dict | None = None, batch_size: int = 256,
              device: str | torch.device | None = None) -> float:
-    """Top-1 accuracy (fraction in [0, 1]) of `model` on a `TensorDataset` (or any `(x, y)` dataset) in eval mode."""
+    """Top-1 accuracy (fraction in [0, 1]) of `model` on a `TensorDataset` (or any `(x, y)` dataset)
+    in eval mode."""
     device = get_device(device) if device is None or isinstance(device, str) else device
     data_config = data_config or model_data_config(model)
     was = model.training
@@ -261,33 +142,20 @@ def evaluate(model: nn.Module, ds, data_config: dict | None = None, batch_size: 
 def _tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(ds, TensorDataset): return ds.tensors[0], ds.tensors[1]
     items = [ds[i] for i in range(len(ds))]
-    return torch.stack([torch.as_tensor(a) for a, _ in items]), torch.as_tensor([int(b) for _, b in items])
+    return torch.stack([torch.as_tensor(a) for a, _ in items]), torch.as_tensor(
+        [int(b) for _, b in items]
+    )
 
-@grad_enabled
-def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
-             pretrained_file: str | os.PathLike | None = None, num_classes: int | None = None,
-             config: FinetuneConfig | None = None, model_kwargs: dict | None = None,
-             progress: bool = False) -> FinetuneResult:
-    """Fine-tune timm model `model_name` on `train_ds` (`(x, y)` items, `x` `(C, H, W)` float32 in [-1, 1],
-    `y` int in `0..num_classes-1`) with one of `STRATEGIES` (see the table in the lesson), for exactly
-    `config.steps` AdamW updates with a timm cosine schedule; validation accuracy on `val_ds` every
-    `config.eval_every` steps and at the end.
-
-    `pretrained_file`: the source weights (safetensors, see `save_model`), loaded with a new head through
-    timm's pretrained path (`create_vision_model(..., new_head=True)`); required by every strategy but
-    'scratch', which ignores it. `num_classes` defaults to `max(y) + 1`. `model_kwargs` go to
-    `timm.create_model` (e.g. `in_chans`, `img_size`: default the images'); the model's config
-    records the size trained at (`record_input_size`). Raises `ValueError` for an unknown strategy
-    or model name,
-    a missing `pretrained_file`, or an unfit checkpoint. Returns a `FinetuneResult` (model in eval mode)."""
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import CosineLRScheduler
-    from timm.utils.model import freeze, unfreeze
-    from tqdm.auto import tqdm
-    cfg = config or FinetuneConfig()
-    if strategy not in STRATEGIES: raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
+# %% ../nbs/51_transfer_learning.ipynb #3668f5de
+def _finetune_inputs(model_name: str, train_ds, strategy: str, pretrained_file, num_classes,
+                     cfg: FinetuneConfig, model_kwargs: dict | None):
+    "Check `finetune`'s arguments. Returns `(xs, ys, num_classes, model kwargs)`."
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
     if strategy != "scratch" and pretrained_file is None:
-        raise ValueError(f"strategy {strategy!r} needs pretrained_file (a safetensors checkpoint); use strategy='scratch' without one")
+        raise ValueError(
+            f"strategy {strategy!r} needs pretrained_file (a safetensors checkpoint); use"
+            " strategy='scratch' without one")
     if cfg.steps < 1: raise ValueError(f"steps must be >= 1, got {cfg.steps}")
     xs, ys = _tensors(train_ds)
     if len(ys) == 0: raise ValueError("the training set is empty")
@@ -296,70 +164,157 @@ def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
     kw.setdefault("in_chans", int(xs.shape[1]))
     if not timm.is_model(model_name.split(".")[0]): check_model_name(model_name)
     kw.setdefault("img_size", int(xs.shape[-1]))    # a ViT is built for it; a CNN ignores it
-    g = seed_everything(cfg.seed)
-    device = get_device(cfg.device)
-    model = create_vision_model(model_name, num_classes, None if strategy == "scratch" else pretrained_file,
-                                new_head=True, **kw)
+    return xs, ys, num_classes, kw
+
+
+# %% ../nbs/51_transfer_learning.ipynb #72a9b835
+def _finetune_model(model_name: str, strategy: str, pretrained_file, num_classes: int, kw: dict,
+                    xs: torch.Tensor, device) -> tuple[nn.Module, dict]:
+    "Build the model of `finetune` on `device` in train mode. Returns `(model, data_config)`."
+    model = create_vision_model(model_name, num_classes,
+                                None if strategy == "scratch" else pretrained_file, new_head=True,
+                                **kw)
     data_config = model_data_config(model, img_size=int(xs.shape[-1]))
     record_input_size(model, int(xs.shape[-1]))       # the size trained at: header, exports
     normalize_images(xs[:1], data_config)             # fail early on a channel / size mismatch
     model.to(device).train()
-    head = [n for n, _ in model.named_children() if n in {c.split(".")[0] for c in _classifier_prefixes(model)}]
+    return model, data_config
+
+
+# %% ../nbs/51_transfer_learning.ipynb #df18e10a
+def _finetune_optimizer(model: nn.Module, strategy: str, cfg: FinetuneConfig):
+    "Freeze what `strategy` keeps fixed; AdamW and a cosine schedule. Returns `(opt, sched, body)`."
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import CosineLRScheduler
+    from timm.utils.model import freeze
+    head = [n
+            for n, _ in model.named_children()
+            if n in {c.split(".")[0] for c in _classifier_prefixes(model)}]
     body = [n for n, _ in model.named_children() if n not in head]
-    groups = layer_groups(model)
-    if strategy == "linear": freeze(model, body)      # timm's helper: no gradients, BatchNorm statistics fixed
+    # timm's helper: no gradients, BatchNorm statistics fixed
+    if strategy == "linear": freeze(model, body)
     opt = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
                               layer_decay=cfg.layer_decay if strategy == "lld" else None)
-    if strategy == "gradual":   # the optimiser knows every parameter; frozen ones get no gradient, hence no update
+    # the optimiser knows every parameter; frozen ones get no gradient, hence no update
+    if strategy == "gradual":
         for p in model.parameters(): p.requires_grad_(False)
-    sched = CosineLRScheduler(opt, t_initial=cfg.steps, warmup_t=min(cfg.warmup_steps, cfg.steps - 1),
+    sched = CosineLRScheduler(opt, t_initial=cfg.steps,
+                              warmup_t=min(cfg.warmup_steps, cfg.steps - 1),
                               warmup_lr_init=cfg.lr * 0.01, lr_min=cfg.lr * 0.01, t_in_epochs=False)
+    return opt, sched, body
+
+
+# %% ../nbs/51_transfer_learning.ipynb #8e098057
+def _unfreeze_top(groups: list[list[str]], names: dict, step: int, phase: int):
+    "Let the top `1 + (step - 1) // phase` layer groups train (gradual unfreezing)."
+    k = min(len(groups), 1 + (step - 1) // phase)
+    for grp in groups[len(groups) - k:]:
+        for n in grp: names[n].requires_grad_(True)
+
+def _next_batch(n: int, batch_size: int, g: torch.Generator, perm: torch.Tensor, pos: int):
+    "The next batch's indices into `n` items. Returns `(idx, perm, pos)`, the state to pass back."
+    if pos + batch_size > len(perm):
+        perm, pos = torch.randperm(n, generator=g), 0
+    idx = (perm[pos : pos + batch_size]
+           if n >= batch_size
+           else torch.randint(0, n, (batch_size,), generator=g))
+    return idx, perm, pos + batch_size
+
+def _update(model: nn.Module, opt, sched, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+    "One AdamW update on the batch `(x, y)` with cross-entropy; returns the loss."
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step_update(step)
+    return loss.item()
+
+
+# %% ../nbs/51_transfer_learning.ipynb #b08c342d
+def _train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Tensor,
+                 g: torch.Generator, cfg: FinetuneConfig, val_ds, device, desc: str,
+                 progress: bool):
+    "Train `res.model` for `cfg.steps` updates, recording the validation curve in `res.history`."
+    from tqdm.auto import tqdm
+    model, data_config = res.model, res.data_config
+    groups = layer_groups(model)
     names = dict(model.named_parameters())
     phase = max(1, cfg.steps // len(groups))
-    res = FinetuneResult(model, strategy, data_config=data_config)
-    t0, perm, pos, loss_ema = time.time(), torch.empty(0, dtype=torch.long), 0, None
-    for step in tqdm(range(1, cfg.steps + 1), disable=not progress, desc=f"{model_name} {strategy}"):
-        if strategy == "gradual":
-            k = min(len(groups), 1 + (step - 1) // phase)       # groups unfrozen, from the head down
-            for grp in groups[len(groups) - k:]:
-                for n in grp: names[n].requires_grad_(True)
-        if pos + cfg.batch_size > len(perm):
-            perm, pos = torch.randperm(len(ys), generator=g), 0
-        idx = perm[pos:pos + cfg.batch_size] if len(ys) >= cfg.batch_size else torch.randint(0, len(ys), (cfg.batch_size,), generator=g)
-        pos += cfg.batch_size
+    perm, pos, loss_ema = torch.empty(0, dtype=torch.long), 0, None
+    for step in tqdm(range(1, cfg.steps + 1), disable=not progress, desc=desc):
+        # groups unfrozen, from the head down
+        if res.strategy == "gradual": _unfreeze_top(groups, names, step, phase)
+        idx, perm, pos = _next_batch(len(ys), cfg.batch_size, g, perm, pos)
         x = normalize_images(random_shift(xs[idx], cfg.max_shift, g), data_config).to(device)
-        loss = F.cross_entropy(model(x), ys[idx].to(device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step_update(step)
-        loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
+        loss = _update(model, opt, sched, x, ys[idx].to(device), step)
+        loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
         if val_ds is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
-            res.history.append(dict(step=step, loss=round(loss_ema, 4), val_acc=evaluate(model, val_ds, data_config, device=device),
-                                    lr=max(pg["lr"] for pg in opt.param_groups)))
-    if strategy == "linear": unfreeze(model, body)     # back to plain BatchNorm so the checkpoint loads anywhere
+            res.history.append(
+                dict(step=step, loss=round(loss_ema, 4),
+                     val_acc=evaluate(model, val_ds, data_config, device=device),
+                     lr=max(pg["lr"] for pg in opt.param_groups))
+            )
+
+
+# %% ../nbs/51_transfer_learning.ipynb #fc13ea9a
+@grad_enabled
+def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
+             pretrained_file: str | os.PathLike | None = None, num_classes: int | None = None,
+             config: FinetuneConfig | None = None, model_kwargs: dict | None = None,
+             progress: bool = False) -> FinetuneResult:
+    """Fine-tune timm model `model_name` on `train_ds` (`(x, y)` items, `x` `(C, H, W)` float32 in
+    [-1, 1], `y` int in `0..num_classes-1`) with one of `STRATEGIES` (see the table in the lesson),
+    for exactly `config.steps` AdamW updates with a timm cosine schedule. Validation accuracy on
+    `val_ds` every `config.eval_every` steps and at the end.
+
+    `pretrained_file`: the source weights (safetensors, see `save_model`), loaded with a new head
+    through timm's pretrained path (`create_vision_model(..., new_head=True)`). Required by every
+    strategy but 'scratch', which ignores it. `num_classes` defaults to `max(y) + 1`. `model_kwargs`
+    go to `timm.create_model` (e.g. `in_chans`, `img_size`: default the images'); the model's config
+    records the size trained at (`record_input_size`). Raises `ValueError` for an unknown strategy
+    or model name, a missing `pretrained_file`, or an unfit checkpoint. Returns a `FinetuneResult`
+    (model in eval mode)."""
+    from timm.utils.model import unfreeze
+    cfg = config or FinetuneConfig()
+    xs, ys, num_classes, kw = _finetune_inputs(model_name, train_ds, strategy, pretrained_file,
+                                               num_classes, cfg, model_kwargs)
+    g = seed_everything(cfg.seed)
+    device = get_device(cfg.device)
+    model, data_config = _finetune_model(model_name, strategy, pretrained_file, num_classes, kw,
+                                         xs, device)
+    opt, sched, body = _finetune_optimizer(model, strategy, cfg)
+    res = FinetuneResult(model, strategy, data_config=data_config)
+    t0 = time.time()
+    _train_steps(res, opt, sched, xs, ys, g, cfg, val_ds, device, f"{model_name} {strategy}",
+                 progress)
+    # back to plain BatchNorm so the checkpoint loads anywhere
+    if strategy == "linear": unfreeze(model, body)
     for p in model.parameters(): p.requires_grad_(True)
     res.model = model.eval()
     res.val_acc = res.history[-1]["val_acc"] if res.history else float("nan")
     res.seconds = time.time() - t0
     return res
 
+
 # %% ../nbs/51_transfer_learning.ipynb #9d14cf97
 SYMMETRIES = {"none": 1, "rot4": 4, "d4": 8}
 
 def square_symmetries(x: torch.Tensor, kind: str = "d4") -> list[torch.Tensor]:
-    """The images `x` `(N, C, H, W)` (square) under the transforms of `kind`, as a list of tensors of `x`'s shape:
-    'none' `[x]`; 'rot4' the rotations by 0, 90, 180 and 270 degrees; 'd4' those 4 and the same 4 of the mirror
-    image (the dihedral group of the square). Raises `ValueError` for another `kind`."""
-    if kind not in SYMMETRIES: raise ValueError(f"unknown symmetries {kind!r}; choose one of {list(SYMMETRIES)}")
+    """The images `x` `(N, C, H, W)` (square) under the transforms of `kind`, as a list of tensors
+    of `x`'s shape: 'none' `[x]`; 'rot4' the rotations by 0, 90, 180 and 270 degrees; 'd4' those 4
+    and the same 4 of the mirror image (the dihedral group of the square). Raises `ValueError` for
+    another `kind`."""
+    if kind not in SYMMETRIES:
+        raise ValueError(f"unknown symmetries {kind!r}; choose one of {list(SYMMETRIES)}")
     views = [torch.rot90(x, k, (2, 3)) for k in range(4 if kind != "none" else 1)]
     if kind == "d4": views += [torch.rot90(x.flip(-1), k, (2, 3)) for k in range(4)]
     return views
 
 def label_augmented(ds, kind: str = "d4") -> TensorDataset:
-    """Self-supervised label augmentation (Lee, Hwang & Shin, ICML 2020): every image of `ds` under each of the K
-    transforms of `square_symmetries(kind)`, labelled with the joint class `y * K + k`. Returns a `TensorDataset`
-    of `x` `(K * N, C, H, W)` float32 and `y` `(K * N,)` int64 in `0..K * num_classes - 1`, transform-major."""
+    """Self-supervised label augmentation (Lee, Hwang & Shin, ICML 2020): every image of `ds` under
+    each of the K transforms of `square_symmetries(kind)`, labelled with the joint class `y * K +
+    k`. Returns a `TensorDataset` of `x` `(K * N, C, H, W)` float32 and `y` `(K * N,)` int64 in
+    `0..K * num_classes - 1`, transform-major."""
     x, y = _tensors(ds)
     views = square_symmetries(x, kind)
     K = len(views)
@@ -367,33 +322,51 @@ def label_augmented(ds, kind: str = "d4") -> TensorDataset:
 
 @torch.no_grad()
 def _upright_accuracy(model: nn.Module, ds, K: int) -> float:
-    "Accuracy on the plain images of `ds` of a model trained on `label_augmented` labels: argmax over the K=0 columns."
+    """Accuracy on the plain images of `ds` of a model trained on `label_augmented` labels: argmax
+    over the K=0 columns."""
     model.eval()
     xs, ys = _tensors(ds)
     dev, dc = next(model.parameters()).device, model_data_config(model)
-    logits = torch.cat([model(normalize_images(xs[i:i + 256].to(dev), dc)).cpu() for i in range(0, len(ys), 256)])
+    logits = torch.cat(
+        [model(normalize_images(xs[i : i + 256].to(dev), dc)).cpu() for i in range(0, len(ys), 256)]
+    )
     return (logits[:, ::K].argmax(-1) == ys).float().mean().item()
 
-def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 1000, batch_size: int = 32,
-                            lr: float = 2e-3, seed: int = 0, label_augment: str = "d4", progress: bool = False) -> Path:
-    """Path of a safetensors checkpoint of `model_name` trained from scratch on the source task (digits 0-4,
-    `source_task`) with labels augmented by `label_augment` (`label_augmented`: 'd4' gives 40 joint classes,
-    'none' the plain 5), from the course cache if present, else trained now (`finetune(strategy='scratch')`) and
-    saved atomically (`save_model`) under `cache_dir('vision')`, named by a hash of the configuration.
-    The header's `val_acc` is the digit accuracy on upright held-out source images."""
-    import hashlib
-    if label_augment not in SYMMETRIES: raise ValueError(f"unknown label_augment {label_augment!r}; choose one of {list(SYMMETRIES)}")
-    conf = dict(model=model_name, steps=steps, batch_size=batch_size, lr=lr, seed=seed, task="digits0-4@32", v=2,
-                label_augment=label_augment)
-    key = hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12]
+# %% ../nbs/51_transfer_learning.ipynb #a40569d1
+def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 1000,
+                            batch_size: int = 32, lr: float = 2e-3, seed: int = 0,
+                            label_augment: str = "d4", progress: bool = False) -> Path:
+    """Path of a safetensors checkpoint of `model_name` trained from scratch on the source task
+    (digits 0-4, `source_task`) with labels augmented by `label_augment` (`label_augmented`: 'd4'
+    gives 40 joint classes, 'none' the plain 5), from the course cache if present, else trained now
+    (`finetune(strategy='scratch')`) and saved atomically (`save_model`) under
+    `cache_dir('vision')`, named by a hash of the configuration. The header's `val_acc` is the digit
+    accuracy on upright held-out source images."""
+    from course_lib.cache import cache_key
+    if label_augment not in SYMMETRIES:
+        raise ValueError(
+            f"unknown label_augment {label_augment!r}; choose one of {list(SYMMETRIES)}"
+        )
+    conf = dict(model=model_name, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                task="digits0-4@32", v=2, label_augment=label_augment)
+    setting = {k: v for k, v in conf.items() if k != "v"}
+    key = cache_key("vision_source", setting, code_version=conf["v"])
     path = cache_dir("vision") / f"{model_name}-source-{key}.safetensors"
     with FileLock(str(path) + ".lock"):
-        restore_pretrained(path)                          # a trained copy shipped with the package, if any
+        # a trained copy shipped with the package, if any
+        restore_pretrained(path)
         if path.is_file(): return path
         K = SYMMETRIES[label_augment]
-        res = finetune(model_name, label_augmented(source_task("train"), label_augment), None, "scratch",
-                       num_classes=len(SOURCE_CLASSES) * K, progress=progress,
-                       config=FinetuneConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=max(1, steps)))
+        res = finetune(
+            model_name,
+            label_augmented(source_task("train"), label_augment),
+            None,
+            "scratch",
+            num_classes=len(SOURCE_CLASSES) * K,
+            progress=progress,
+            config=FinetuneConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                                  eval_every=max(1, steps)),
+        )
         acc = _upright_accuracy(res.model, source_task("valid"), K)
         save_model(res.model, path, task="source digits 0-4", val_acc=acc, config=conf)
     return path

@@ -17,64 +17,80 @@ from .data import to_uint8
 __all__ = ['image_grid', 'show_images', 'save_image_grid', 'Animation', 'animate', 'save_animation', 'slider']
 
 # %% ../nbs/02_viz.ipynb #caf12a5b
-def image_grid(images: torch.Tensor | np.ndarray, nrow: int | None = None, padding: int = 1, pad_value: int = 0) -> np.ndarray:
-    """Tile `images` `(B, C, H, W)` (C = 1 or 3; float in [-1, 1] or uint8) into one `(H', W', 3)` uint8 array.
+def image_grid(images: torch.Tensor | np.ndarray, nrow: int | None = None, padding: int = 1,
+               pad_value: int = 0) -> np.ndarray:
+    """Tile `images` `(B, C, H, W)` (C = 1 or 3, float in [-1, 1] or uint8) into one `(H', W', 3)`
+    uint8 array.
 
-    `nrow`: images per row (default: about square). Raises `ValueError` for other shapes or an empty batch."""
+    `nrow` is the number of images per row (default: about square). Raises `ValueError` for other
+    shapes or an empty batch."""
     from torchvision.utils import make_grid
     x = torch.as_tensor(images)
     if x.ndim == 3: x = x[:, None]
     if x.ndim != 4 or x.shape[1] not in (1, 3) or x.shape[0] == 0:
-        raise ValueError(f"image_grid expects (B, C, H, W) with C in (1, 3) and B > 0, got shape {tuple(x.shape)}")
+        raise ValueError(f"image_grid expects (B, C, H, W) with C in (1, 3) and B > 0, "
+                         f"got shape {tuple(x.shape)}")
     x = to_uint8(x)
     nrow = nrow or int(np.ceil(np.sqrt(len(x))))
     g = make_grid(x, nrow=nrow, padding=padding, pad_value=pad_value)
     return g.permute(1, 2, 0).cpu().numpy()
 
-def show_images(images, nrow: int | None = None, title: str | None = None, ax=None, figsize=None, scale: float = 0.5):
-    "Show `images` (see `image_grid`) with matplotlib, without axes; returns the `Axes`."
+
+# %% ../nbs/02_viz.ipynb #1cf6e8c2
+def show_images(images, nrow: int | None = None, title: str | None = None, ax=None, figsize=None,
+                scale: float = 0.5):
+    "Show `images` (see `image_grid`) with matplotlib, without axes, and return the `Axes`."
     import matplotlib.pyplot as plt
     g = image_grid(images, nrow)
     if ax is None:
         h, w = g.shape[:2]
         _, ax = plt.subplots(figsize=figsize or (max(2, w / 16 * scale), max(2, h / 16 * scale)))
-    ax.imshow(g, interpolation="nearest"); ax.set_axis_off()
+    ax.imshow(g, interpolation="nearest")
+    ax.set_axis_off()
     if title: ax.set_title(title)
     return ax
 
-def save_image_grid(images, path: str | os.PathLike, nrow: int | None = None, upscale: int = 1) -> Path:
-    "Write `images` as one PNG grid to `path` (nearest-neighbour `upscale`, for tiny digits); returns the path."
+def save_image_grid(images, path: str | os.PathLike, nrow: int | None = None,
+                    upscale: int = 1) -> Path:
+    """Write `images` as one PNG grid to `path` (nearest-neighbour `upscale`, for tiny digits), and
+    return the path."""
     from PIL import Image
-    g = image_grid(images, nrow)
-    im = Image.fromarray(g)
+    im = Image.fromarray(image_grid(images, nrow))
     if upscale > 1: im = im.resize((im.width * upscale, im.height * upscale), Image.NEAREST)
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     im.save(path)
     return path
 
+
 # %% ../nbs/02_viz.ipynb #09dcebfd
 class Animation:
-    "An inline-displayable animation (JS/HTML5 in Jupyter and Colab). `.anim` is the matplotlib `FuncAnimation`."
+    "An animation shown inline (JS/HTML5 in Jupyter and Colab), `.anim` its `FuncAnimation`."
     def __init__(self, anim, fig): self.anim, self.fig = anim, fig
     def to_html(self) -> str: return self.anim.to_jshtml()
     def _repr_html_(self): return self.to_html()
     def save(self, path, fps: int = 5) -> Path: return save_animation(self, path, fps)
 
+def _frame_image(f, nrow: int | None) -> np.ndarray:
+    "One frame as an array: a batch `(B, C, H, W)` tiled with `image_grid`, an image as it is."
+    a = np.asarray(f.detach().cpu() if isinstance(f, torch.Tensor) else f)
+    return image_grid(torch.as_tensor(a), nrow) if a.ndim == 4 else a
+
+
+# %% ../nbs/02_viz.ipynb #9a6364e5
 def animate(frames: Sequence, titles: Sequence[str] | None = None, nrow: int | None = None,
             interval: int = 200, figsize=(3, 3)) -> Animation:
-    """Animate `frames`: each a batch of images `(B, C, H, W)` (shown as a grid) or a ready `(H, W[, 3])` array.
+    """Animate `frames`, each a batch of images `(B, C, H, W)` (shown as a grid) or a ready
+    `(H, W[, 3])` array.
 
-    `titles`: one per frame; `interval`: milliseconds between frames. Raises `ValueError` for no frames."""
+    `titles` has one title per frame, `interval` is the milliseconds between frames. Raises
+    `ValueError` for no frames, or another number of titles."""
     import matplotlib.pyplot as plt
     from matplotlib import animation
     if len(frames) == 0: raise ValueError("animate needs at least one frame")
     if titles is not None and len(titles) != len(frames):
         raise ValueError(f"{len(titles)} titles for {len(frames)} frames")
-    def prep(f):
-        f = f.detach().cpu() if isinstance(f, torch.Tensor) else f
-        a = np.asarray(f)
-        return image_grid(torch.as_tensor(a), nrow) if a.ndim == 4 else a
-    imgs = [prep(f) for f in frames]
+    imgs = [_frame_image(f, nrow) for f in frames]
     fig, ax = plt.subplots(figsize=figsize)
     ax.set_axis_off()
     im = ax.imshow(imgs[0], interpolation="nearest", cmap="gray")
@@ -87,29 +103,33 @@ def animate(frames: Sequence, titles: Sequence[str] | None = None, nrow: int | N
     plt.close(fig)
     return Animation(anim, fig)
 
+
+# %% ../nbs/02_viz.ipynb #b556ad9c
 def save_animation(anim: Animation, path: str | os.PathLike, fps: int = 5) -> Path:
     """Save `anim` as `.gif` (Pillow, always available) or `.mp4` (needs ffmpeg).
 
     Raises `ValueError` for another extension and `RuntimeError` if ffmpeg is missing for MP4."""
     from matplotlib import animation
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     ext = path.suffix.lower()
-    if ext == ".gif": writer = animation.PillowWriter(fps=fps)
-    elif ext == ".mp4":
-        if not animation.writers.is_available("ffmpeg"):
-            raise RuntimeError(f"cannot write {path}: MP4 needs ffmpeg, which is not installed; save a .gif instead")
-        writer = animation.FFMpegWriter(fps=fps)
-    else: raise ValueError(f"unsupported animation format {ext!r}: use .gif or .mp4")
+    if ext not in (".gif", ".mp4"):
+        raise ValueError(f"unsupported animation format {ext!r}: use .gif or .mp4")
+    if ext == ".mp4" and not animation.writers.is_available("ffmpeg"):
+        raise RuntimeError(f"cannot write {path}: MP4 needs ffmpeg, which is not installed: "
+                           "save a .gif instead")
+    writer = animation.PillowWriter(fps=fps) if ext == ".gif" else animation.FFMpegWriter(fps=fps)
     anim.anim.save(str(path), writer=writer)
     return path
 
-# %% ../nbs/02_viz.ipynb #48f08588
-def slider(fn: Callable[[int], object], start: int, stop: int, step: int = 1, value: int | None = None,
-           description: str = "t"):
-    """An ipywidgets integer slider over `[start, stop]` that calls `fn(value)` and shows its result.
 
-    Returns the `ipywidgets.interactive` widget (or `fn(value)`'s result when ipywidgets is unavailable).
-    Raises `ValueError` if `stop < start`."""
+# %% ../nbs/02_viz.ipynb #48f08588
+def slider(fn: Callable[[int], object], start: int, stop: int, step: int = 1,
+           value: int | None = None, description: str = "t"):
+    """An ipywidgets integer slider over `[start, stop]` that calls `fn(value)`, showing the result.
+
+    Returns the `ipywidgets.interactive` widget (or `fn(value)`'s result when ipywidgets is
+    unavailable). Raises `ValueError` if `stop < start`."""
     if stop < start: raise ValueError(f"slider range is empty: start={start} > stop={stop}")
     value = start if value is None else value
     try:
@@ -117,6 +137,8 @@ def slider(fn: Callable[[int], object], start: int, stop: int, step: int = 1, va
         from IPython.display import display
     except ImportError:
         return fn(value)
-    w = W.interactive(fn, **{description: W.IntSlider(value=value, min=start, max=stop, step=step, description=description)})
+    bar = W.IntSlider(value=value, min=start, max=stop, step=step, description=description)
+    w = W.interactive(fn, **{description: bar})
     display(w)
     return w
+

@@ -127,3 +127,43 @@ def test_typical_mistake_is_caught_and_named(name, capsys):
     assert not r.passed and r.done
     assert words in r.message, r.message
     assert r.message in capsys.readouterr().out
+
+
+def test_facade_lists_every_checker_and_the_machinery():
+    checkers = {n for n in dir(E) if n.startswith("check_")}
+    assert checkers <= set(E.__all__), checkers - set(E.__all__)
+    assert {"check", "check_value", "show_solution", "exercises", "register_solution", "solutions"} <= set(E.__all__)
+
+
+def test_show_solution_prints_the_reference_without_its_decorator(capsys):
+    E.show_solution("check_q_sample")
+    out = capsys.readouterr().out
+    assert out.startswith("def _ref_q_sample(") and "register_solution" not in out
+    with pytest.raises(ValueError, match="no exercise named 'nope'.*q_sample"):
+        E.show_solution("nope")
+
+
+def test_a_new_unit_registers_its_solutions(capsys):
+    "What a unit's module does on import: `@register_solution` on each `_ref_<name>`, then it is listed."
+    from course_lib.exercises_core import register_solution, solutions
+
+    def _ref_toy_double(x):
+        return 2 * x
+
+    def other():
+        return 0
+
+    _ref_toy_double.__module__ = "course_lib.exercises_toy"
+    other.__name__, other.__module__ = "_ref_toy_double", "course_lib.exercises_other"
+    try:
+        assert register_solution(_ref_toy_double) is _ref_toy_double
+        assert "toy_double" in E.exercises() and E._ref_toy_double is _ref_toy_double
+        E.show_solution("toy_double")
+        assert "return 2 * x" in capsys.readouterr().out
+        with pytest.raises(ValueError, match="already has a reference solution in course_lib.exercises_toy"):
+            register_solution(other)
+        with pytest.raises(ValueError, match="named _ref_<exercise>"):
+            register_solution(lambda x: x)
+    finally:
+        solutions.pop("toy_double", None)
+    assert "toy_double" not in E.exercises()

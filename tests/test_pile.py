@@ -208,7 +208,7 @@ def _frames_of_every_kind():
 
 
 def test_complete_files_take_the_fast_path(tmp_path, monkeypatch):
-    import course_lib.pile as P
+    import course_lib.jsonl_zst as P   # the reader's module: where it looks the careful path up
     frames = _frames_of_every_kind()
     full = zstandard.ZstdDecompressor().stream_reader(b"".join(frames), read_across_frames=True).read()
     want = [json.loads(l) for l in full.split(b"\n") if l.strip()]

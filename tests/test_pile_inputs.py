@@ -9,10 +9,11 @@ import pytest
 import zstandard
 
 import course_lib
-import course_lib.pile
+import course_lib.pile_corpus
 from course_lib.pile import (CorruptStreamError, PileFormatError, ReadStats, count_subsets,
                              filter_subsets, load_corpus, pile_main, pile_set_name, read_jsonl_zst,
-                             write_jsonl_zst, _stats_one)
+                             write_jsonl_zst)
+from course_lib.pile_corpus import _stats_one
 
 LINES = [{"text": f"record {i} " + "abc " * 50, "meta": {"pile_set_name": "Github", "i": i}}
          for i in range(200)]
@@ -190,7 +191,7 @@ def test_every_library_exception_survives_pickling(name):
 
 def test_the_library_has_the_exception_classes_this_test_expects():
     names = set(library_exception_classes())
-    assert {"course_lib.pile.PileFormatError", "course_lib.pile.CorruptStreamError"} <= names
+    assert {"course_lib.jsonl_zst.PileFormatError", "course_lib.jsonl_zst.CorruptStreamError"} <= names
 
 
 def test_bad_line_in_a_worker_process_reaches_the_parent(tmp_path, capsys):
@@ -215,7 +216,7 @@ def _die(*args):
 def test_a_dead_worker_is_reported(tmp_path, capsys, monkeypatch):
     for i in range(2):
         write_jsonl_zst(tmp_path / f"s{i}.jsonl.zst", LINES[:2])
-    monkeypatch.setattr(course_lib.pile, "_stats_one", _die)   # the forked workers run this
+    monkeypatch.setattr(course_lib.pile_corpus, "_stats_one", _die)   # the forked workers run this
     rc, out, err = run_cli(["stats", str(tmp_path), "--processes", "2"], capsys)
     assert rc == 1 and "a worker process died" in err and "Traceback" not in err
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import course_lib.classifier, course_lib.ddpm, course_lib.lm, course_lib.vision_transfer
+import course_lib.classifier, course_lib.ddpm_training, course_lib.lm, course_lib.vision_transfer
 from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("COURSE_LIB_NO_PRETRAINED", raising=False)
     def no_training(*a, **kw): raise AssertionError("trained instead of loading the shipped model")
-    for mod, name in [(course_lib.ddpm, "train_ddpm"), (course_lib.classifier, "train_digits_classifier"),
+    for mod, name in [(course_lib.ddpm_training, "train_ddpm"), (course_lib.classifier, "train_digits_classifier"),
                       (course_lib.vision_transfer, "finetune"), (course_lib.lm, "train_tiny_gpt2")]:
         monkeypatch.setattr(mod, name, no_training)
     return tmp_path / "home"
@@ -74,6 +74,32 @@ def test_no_shipped_model_when_turned_off(empty_cache, monkeypatch):
     monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
     with pytest.raises(AssertionError, match="trained instead of loading"):
         load_digits_classifier(config=ClassifierConfig())
+
+
+def test_ddpm_is_cached_says_whether_the_loader_trains(empty_cache, monkeypatch):
+    "Lessons 11 and 13 warn before training from `ddpm_is_cached`: True exactly where loading will not train."
+    from course_lib.ddpm_training import DDPMConfig, ddpm_is_cached, load_pretrained_ddpm
+    assert ddpm_is_cached(DDPMConfig()) and ddpm_is_cached(DDPMConfig.quick())     # shipped
+    assert not ddpm_is_cached(DDPMConfig.quick(steps=7))                            # would train
+    with pytest.raises(AssertionError, match="trained instead of loading"):
+        load_pretrained_ddpm(DDPMConfig.quick(steps=7), progress=False)
+    assert not ddpm_is_cached(DDPMConfig(), dataset=torch.zeros(4, 1, 8, 8))      # another dataset: another key
+    monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
+    assert not ddpm_is_cached(DDPMConfig())
+    monkeypatch.delenv("COURSE_LIB_NO_PRETRAINED")
+    load_pretrained_ddpm(DDPMConfig.quick(), progress=False)                      # now in the cache itself
+    monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
+    assert ddpm_is_cached(DDPMConfig.quick()) and not ddpm_is_cached(DDPMConfig())
+
+
+def test_estimate_training_seconds_scales_with_the_steps(monkeypatch):
+    from course_lib.ddpm_training import DDPMConfig, estimate_training_seconds
+    calls = []
+    class Fake:
+        def __init__(self, cfg): self.history = {"seconds": 0.5 * cfg.steps}
+    monkeypatch.setattr(course_lib.ddpm_training, "train_ddpm", lambda cfg, *a, **kw: calls.append(cfg) or Fake(cfg))
+    assert estimate_training_seconds(DDPMConfig(steps=1500), n_steps=4) == pytest.approx(750.0)
+    assert calls[0].steps == 4 and calls[0].block_out_channels == DDPMConfig().block_out_channels
 
 
 def test_restore_pretrained_only_fills_a_missing_cache_entry(empty_cache, tmp_path):

@@ -1,15 +1,16 @@
-"""Unit 2 (course_lib.score): each from-scratch piece against a closed form, with the tolerance stated."""
+"""Unit 2 (course_lib.score_matching, .langevin, .sde, .sde_digits): each from-scratch piece against a closed form, with the tolerance stated."""
 import math
 
 import pytest
 import torch
 
-from course_lib.score import (GaussianMixture, LangevinDivergedError, ScheduleVPSDE, ScoreMLP, ToyScoreConfig, VESDE,
-                              VPSDE, NCSNConfig, annealed_langevin, bits_per_dim, component_weights, ddpm_score_fn,
-                              ddpm_vs_sde_step, dequantize, dsm_loss, energy_distance, euler_maruyama_sampler,
-                              geometric_sigmas, langevin, make_mixture, mixture_score_fn, ode_likelihood, ode_sampler,
-                              pc_sampler, sample_report, score_error, sliced_wasserstein, ssm_loss, toy_data)
-from course_lib.score import _bc, _discretized_gaussian_nll
+from course_lib.langevin import (LangevinDivergedError, NCSNConfig, annealed_langevin, component_weights,
+                                 energy_distance, geometric_sigmas, langevin, sample_report, sliced_wasserstein)
+from course_lib.score_matching import (GaussianMixture, ScoreMLP, ToyScoreConfig, dsm_loss, make_mixture, score_error,
+                                       ssm_loss, toy_data)
+from course_lib.sde import (VESDE, VPSDE, bits_per_dim, euler_maruyama_sampler, mixture_score_fn, ode_likelihood,
+                            ode_sampler, pc_sampler, _bc)
+from course_lib.sde_digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, dequantize, _discretized_gaussian_nll
 
 
 def gen(seed=0):

@@ -1,6 +1,6 @@
 """The course website: `course site` builds it offline, and headless Chromium checks it as a reader sees it.
 
-The build here uses the quick profile and unit 0 only (to stay fast); set COURSE_LIB_SITE=DIR to run the same
+The build here uses the quick profile, unit 0 (executed) and the library's own unit (shown unexecuted) only, to stay fast; set COURSE_LIB_SITE=DIR to run the same
 checks against a site built beforehand (for example `course site --profile full --out DIR`, all units).
 Browser tests need Chromium (Debian's `chromium`, or COURSE_LIB_CHROMIUM=path) and the `playwright` package (a dev
 requirement, imported plainly); without Chromium they skip and say why. Screenshots go to test-artifacts/."""
@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, unquote
 import pytest
 from filelock import FileLock
 
-from course_lib.cli import load_units, find_unit
+from course_lib.units import load_units, find_unit
 from course_lib.site import find_executed, library_modules, rewrite_links, executed_matches, lesson_notebook, site_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,15 +41,22 @@ def site(tmp_path_factory):
     out, executed, log = shared / "site", shared / "executed", shared / "build.log"
     with FileLock(str(shared / "lock")):
         if not (shared / "done").is_file():
-            cmd = [sys.executable, "-c", "import sys; from course_lib.site import site_main; sys.exit(site_main(sys.argv[1:]))",
-                   "--profile", "quick", "--units", "start", "--out", str(out), "--executed", str(executed)]
-            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                               env=dict(os.environ, COURSE_LIB_ROOT=str(ROOT)))
+            # unit 0 executed (its lesson with figures and a measured time); the library's notebooks, which
+            # tests/test_notebooks.py runs, shown without outputs (--no-execute) to keep the build short
+            env = dict(os.environ, COURSE_LIB_ROOT=str(ROOT))
+            run = [sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())",
+                   "run", "start", "--profile", "quick", "--out", str(executed)]
+            r = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
+            if r.returncode == 0:
+                cmd = [sys.executable, "-c", "import sys; from course_lib.site import site_main; sys.exit(site_main(sys.argv[1:]))",
+                       "--profile", "quick", "--units", "start", "library", "--no-execute", "--out", str(out),
+                       "--executed", str(executed)]
+                r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
             log.write_text(f"exit {r.returncode}\n{r.stdout}\n{r.stderr}")
             (shared / "done").write_text(str(r.returncode))
     rc, text = (shared / "done").read_text(), log.read_text()
-    assert rc == "0", f"`course site --profile quick --units start` failed:\n{text[-6000:]}"
-    return out, executed, [find_unit("start", units)]
+    assert rc == "0", f"`course site --profile quick --units start library --no-execute` failed:\n{text[-6000:]}"
+    return out, executed, [find_unit("start", units), find_unit("library", units)]
 
 
 def _pages(d: Path) -> list[Path]:
@@ -102,9 +109,29 @@ def test_home_page_lists_units_with_times(site):
     text = (d / "index.html").read_text()
     assert "A Jupyter-first course" in text
     for u in load_units(ROOT):
-        assert re.search(rf"<td><p>{u.number}</p></td>\s*<td><p>.*?{re.escape(u.title)}", text, re.S), f"unit {u.number} missing from the table"
+        row = re.search(rf"<td><p>{u.number}</p></td>\s*<td><p>.*?{re.escape(u.title)}", text, re.S)
+        if u.is_library: assert not row, "the library's unit is a row of the lessons' table"
+        else: assert row, f"unit {u.number} missing from the table"
     assert re.search(r"quick \d+(\.\d)? (s|min)", text), "no measured time in the unit table"
-    assert 'href="units/00_start/index.html"' in text
+    assert 'href="units/00_start/index.html"' in text and 'href="units/99_library/index.html"' in text
+
+
+def test_library_section_after_the_lessons(site):
+    "The library's notebooks were unit 0's, the learner's first lesson; they are a section after the lessons."
+    d, _, _ = site
+    text = (d / "index.html").read_text()
+    units, library = text.find(">Units<"), text.find(">Library<")
+    assert 0 <= units < library and text.find(">Reference<") > library, "no Library section after the Units"
+    assert (d / "units" / "99_library" / "00_core.html").is_file()
+
+
+def test_site_build_prints_no_warning(site):
+    "The build printed docutils errors and warnings for docstrings (`as_uint8_images`, `GaussianMixture`, ...)."
+    d, _, _ = site
+    log = d.parent / "build.log"
+    if not log.is_file(): pytest.skip("a site built beforehand (COURSE_LIB_SITE): its build log is not here")
+    warnings = [l for l in log.read_text().splitlines() if re.search(r"\b(WARNING|ERROR|SEVERE):", l)]
+    assert not warnings, "the site build printed warnings:\n" + "\n".join(warnings[:20])
 
 
 def test_lessons_have_colab_links(site):
@@ -208,6 +235,69 @@ def test_site_command_rejects_bad_arguments(tmp_path, capsys):
     assert "not a site built by `course site`" in capsys.readouterr().err
 
 
+def _documented(module) -> list[tuple[str, str]]:
+    """`(name, docstring)` of what the API page of `module` shows: `automodule :members:` takes the module's
+    docstring, the names of `__all__` defined in that module (re-exports are left to their own module), and
+    the public methods and properties of its classes (those that `@patch` added too)."""
+    import inspect
+    out = [(module.__name__, inspect.getdoc(module) or "")]
+    for name in getattr(module, "__all__", []):
+        obj = getattr(module, name, None)
+        if getattr(obj, "__module__", None) != module.__name__: continue
+        out.append((f"{module.__name__}.{name}", inspect.getdoc(obj) or ""))
+        if not inspect.isclass(obj): continue
+        for attr, member in vars(obj).items():
+            if attr.startswith("_"): continue
+            doc = inspect.getdoc(member.fget if isinstance(member, property) else member)
+            if callable(member) or isinstance(member, (property, classmethod, staticmethod)):
+                out.append((f"{module.__name__}.{name}.{attr}", doc or ""))
+    return out
+
+
+SPHINX_ROLES = ("class", "func", "meth", "attr", "mod", "obj", "exc", "data", "const", "ref", "doc", "term", "any",
+                "py:class", "py:func", "py:meth", "py:attr", "py:mod", "py:obj", "py:exc", "py:data")
+
+
+def docstring_problems(doc: str, where: str) -> list[str]:
+    """The docutils errors and warnings of docstring `doc`, parsed as autodoc parses it for the site: its
+    lines prepared by Sphinx (`prepare_docstring`), reStructuredText with `default_role = "literal"`."""
+    import io
+    from docutils import nodes
+    from docutils.core import publish_doctree
+    from docutils.parsers.rst import roles
+    from sphinx.util.docstrings import prepare_docstring
+    for role in SPHINX_ROLES:                  # Sphinx's cross-reference roles (inherited torch docstrings use them)
+        roles.register_generic_role(role, nodes.literal)
+    stream = io.StringIO()
+    text = ".. default-role:: literal\n\n" + "\n".join(prepare_docstring(doc))
+    publish_doctree(text, source_path=where, settings_overrides={
+        "report_level": 2, "halt_level": 5, "warning_stream": stream, "file_insertion_enabled": False,
+        "raw_enabled": False})
+    found = [l for l in stream.getvalue().splitlines() if re.search(r"\((WARNING|ERROR|SEVERE)/", l)]
+    # line numbers as Sphinx prints them: of the docstring, without the two lines put in front
+    return [re.sub(r"^(.*?):(\d+):", lambda m: f"{m.group(1)}:{int(m.group(2)) - 2}:", l) for l in found]
+
+
+def test_docstring_problems_are_found():
+    "The check sees what the site build printed for `as_uint8_images` before its docstring was fixed."
+    bad = ("Images as uint8.\n\n    `source`:\n    - a folder of images;\n    - a tensor `(N, C, H, W)`: uint8, or float\n"
+           "      in [-1, 1];\n    - a callable.\n    `num_samples`: keep the first ones.")
+    found = docstring_problems(bad, "demo")
+    assert any("Unexpected indentation" in l for l in found), found
+    assert any("Bullet list ends without a blank line" in l for l in found), found
+    assert docstring_problems("Fine.\n\n    - a\n    - b\n\n    Returns `x`.", "ok") == []
+
+
+@pytest.mark.parametrize("module", sorted(library_modules(ROOT)))
+def test_api_docstrings_render_without_warnings(module):
+    """Every docstring on the API reference renders without a docutils error or warning (the site build
+    printed them, e.g. for `as_uint8_images` and `GaussianMixture`); a list needs a blank line after it."""
+    mod = importlib.import_module(f"course_lib.{module}")
+    bad = [p for name, doc in _documented(mod) for p in docstring_problems(doc, name)]
+    assert not bad, (f"course_lib.{module}: docstrings that the site renders with docutils warnings (write "
+                     "lists and indented blocks with a blank line before and after):\n" + "\n".join(bad[:20]))
+
+
 # ---------------------------------------------------------------- in a real browser
 
 def _in_ci() -> bool:
@@ -308,8 +398,8 @@ def test_every_lesson_shows_its_figures(browser, site):
         shown = f["shown"] + f["svgs"]
         expected = _expected_figures(find_executed(u, nb, "quick", [executed_dir]) or find_executed(u, nb, "full", [executed_dir]))
         if f["broken"]: missing.append(f"{nb.name}: images that do not render: {f['broken']}")
-        # unit 0's library notebooks (core, data, cli, site, ...) may have no figure; every other lesson must show one
-        if shown < max(expected, 0 if u.number == 0 and expected == 0 else 1):
+        # the library's notebooks (core, data, cli, site, ...) may have no figure; every lesson must show one
+        if shown < max(expected, 0 if u.is_library and expected == 0 else 1):
             missing.append(f"{nb.name}: {shown} figure(s) rendered, the executed notebook has {expected}")
     assert not missing, "\n".join(missing)
     assert any(_expected_figures(find_executed(u, nb, "quick", [executed_dir])) for u, nb, _ in _lessons(d, units)), \

@@ -11,7 +11,8 @@ from course_lib.ddpm import DDPMConfig, make_unet, train_ddpm
 from course_lib.lm import TinyGPTConfig, train_tiny_gpt2
 from course_lib.lora_data import ConceptDataset, write_concept_folder
 from course_lib.lora_train import LoRATrainConfig, train_lora
-from course_lib.score import NCSNConfig, ToyScoreConfig, train_ncsn, train_toy_score
+from course_lib.langevin import NCSNConfig, train_ncsn
+from course_lib.score_matching import ToyScoreConfig, train_toy_score
 from course_lib.vision_transfer import FinetuneConfig, finetune, target_task
 
 CONTEXTS = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}

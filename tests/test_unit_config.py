@@ -106,3 +106,54 @@ def test_find_notebook_by_path_name_and_stem(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_LIB_ROOT", str(proj))
     assert main(["run", str(stray)]) == 2 and "no unit lists" in capsys.readouterr().err
     assert main(["run", "nope"]) == 2 and "unknown unit 'nope'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the library's own unit (kind = "library")
+
+def test_unit_kind_library_is_read_and_unknown_kinds_refused(tmp_path):
+    "`kind` was an unknown [unit] key; a misspelt kind, or `prerequisites` (which the site reads), were not told apart."
+    proj = _project(tmp_path, "")
+    f = proj / "units" / "07_tiny" / "unit.toml"
+    text = f.read_text()
+    assert load_unit(f.parent).kind == "lesson" and not load_unit(f.parent).is_library
+    f.write_text(text.replace("[unit]\n", '[unit]\nkind = "library"\nprerequisites = ["unit 1"]\n'))
+    assert load_unit(f.parent).is_library
+    f.write_text(text.replace("[unit]\n", '[unit]\nkind = "libary"\n'))
+    with pytest.raises(ValueError, match=r"kind = 'libary' in \[unit\] is not a kind of unit .*did you mean 'library'"):
+        load_unit(f.parent)
+    f.write_text(text.replace("[unit]\n", '[unit]\nknd = "library"\n'))
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['knd'\] in \[unit\].*did you mean 'kind'"):
+        load_unit(f.parent)
+
+
+def test_library_notebooks_are_their_own_unit_after_the_lessons(capsys):
+    "Unit 0 listed the library's notebooks (core, data, cli, site, ...) as the learner's first lesson."
+    from course_lib.cli import find_unit
+    root = Path(__file__).resolve().parent.parent
+    units = load_units(root)
+    start, library = find_unit("start", units), find_unit("library", units)
+    assert [nb.name for nb in start.notebooks] == ["03_getting_started.ipynb"] and start.kind == "lesson"
+    assert library.is_library and units[-1] is library and [u for u in units if u.is_library] == [library]
+    names = {nb.name for nb in library.notebooks}
+    assert {"00_core.ipynb", "05_units.ipynb", "90_cli.ipynb", "91_site.ipynb", "92_contrib.ipynb"} <= names
+    listed = {nb.name for u in units if not u.is_library for nb in u.notebooks}
+    assert not names & listed, f"library notebooks also in a lesson unit: {sorted(names & listed)}"
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    head = out.index("the library's own notebooks")
+    assert out.index(" start ") < head < out.index("00_core.ipynb"), out
+
+
+def test_course_run_all_runs_the_library_last(tmp_path, monkeypatch, capsys):
+    "`course run all` runs every unit in order of number: the lessons, then the library (unit 99)."
+    proj = _project(tmp_path, OK_TOML)
+    (proj / "units" / "99_lib").mkdir()
+    _nb(proj / "nbs" / "00_lib.ipynb", "seed = 0", ["from course_lib.core import record\nrecord('ran', 1)"])
+    (proj / "units" / "99_lib" / "unit.toml").write_text('[unit]\nkind = "library"\nnotebooks = ["00_lib.ipynb"]\n')
+    (proj / "units" / "07_tiny" / "unit.toml").write_text(
+        '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb"]\n[profiles.quick]\nsteps = 3\n')
+    monkeypatch.setenv("COURSE_LIB_ROOT", str(proj))
+    monkeypatch.chdir(proj)
+    assert main(["run", "all", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert out.index("[1/2] 07_tiny/a.ipynb") < out.index("[2/2] 99_lib/00_lib.ipynb"), out

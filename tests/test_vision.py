@@ -18,7 +18,7 @@ from course_lib.vision import (
     create_vision_model, load_finetuned, checkpoint_info, finetune, FinetuneConfig, layer_groups, random_shift,
     tta_views, predict_logits, ensemble_logits, accuracy, choose_batch_size, export_onnx, export_torchscript,
     quantize_int8, model_size_bytes, finetune_main, evaluate, square_symmetries, label_augmented)
-from course_lib.vision import _folder_dataset
+from course_lib.vision_command import _folder_dataset
 
 
 @pytest.fixture(autouse=True)

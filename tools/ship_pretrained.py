@@ -2,6 +2,7 @@
 
     COURSE_LIB_HOME=/tmp/ship python tools/ship_pretrained.py            # train what is missing there, then copy
     COURSE_LIB_HOME=/tmp/ship python tools/ship_pretrained.py --only classifier ddpm
+    python tools/ship_pretrained.py --rekey      # after a change of cache keys only: rename, no training
 
 Each model is trained by the library's own loader (so its cache key is the one the lessons ask for) in the
 course cache named by COURSE_LIB_HOME, then copied to `course_lib/pretrained/<its path in the cache>`, where
@@ -13,8 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick")
-GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=128, n_embd=128, n_layer=4, steps=400,
-            batch_size=16, seed=0)                       # nbs/62_tiny_gpt2.ipynb's full profile
+GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128, n_layer=4, steps=900,
+            batch_size=8, lr=5e-3, seed=0)               # nbs/62_tiny_gpt2.ipynb's full profile
 
 
 def train(kind: str) -> list[dict]:
@@ -58,6 +59,44 @@ def train(kind: str) -> list[dict]:
     raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
 
 
+def cache_path(kind: str, config: dict) -> str:
+    "Where the current library's loader looks for the model `kind` with the provenance `config` (cache-relative)."
+    from course_lib.cache import cache_key
+    if kind == "classifier":
+        from course_lib.classifier import ClassifierConfig
+        return f"models/digits_classifier/{ClassifierConfig(**config).key()}.safetensors"
+    if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):
+        from course_lib.ddpm import DDPMConfig
+        return f"models/ddpm/{DDPMConfig.from_dict(config).key()}/ema.safetensors"
+    if kind == "vision":
+        key = cache_key("vision_source", {k: v for k, v in config.items() if k != "v"}, code_version=config["v"])
+        return f"vision/{config['model']}-source-{key}.safetensors"
+    if kind == "gpt2":
+        from course_lib.lm import TinyGPTConfig
+        return f"pile/tiny-gpt2-{TinyGPTConfig(**config).key()}"
+    raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
+
+
+def rekey(dest: Path, prov: dict) -> None:
+    """Move each shipped model to the path the current cache keys give it, without training: for a change of
+    the key's form only (the config, the data and the code version the model was trained with are unchanged)."""
+    moved = {}
+    for rel, m in prov["models"].items():
+        new = cache_path(m["kind"], m["config"])
+        if new != rel:
+            (dest / new).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(dest / rel, dest / new)
+            old_name, new_name = Path(rel).name, Path(new).name      # files are listed from the parent
+            m["files"] = {(new_name + f[len(old_name):] if f.split("/")[0] == old_name else f): v
+                          for f, v in m["files"].items()}
+            m.setdefault("rekeyed_from", []).append(rel)
+            print(f"{m['kind']}: {rel} -> {new}")
+        moved[new] = m
+    prov["models"] = moved
+    for d in sorted((p for p in dest.rglob("*") if p.is_dir()), reverse=True):
+        if not any(d.iterdir()): d.rmdir()
+
+
 def files_of(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
 
@@ -69,11 +108,18 @@ def sha256(p: Path) -> str:
 def main(argv=None) -> int:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     a.add_argument("--only", nargs="+", choices=MODELS, default=list(MODELS))
+    a.add_argument("--rekey", action="store_true", help="move shipped models to their current cache keys")
     args = a.parse_args(argv)
+    dest = ROOT / "course_lib" / "pretrained"
+    if args.rekey:
+        prov_path = dest / "provenance.json"
+        prov = json.loads(prov_path.read_text())
+        rekey(dest, prov)
+        prov_path.write_text(json.dumps(prov, indent=1, sort_keys=True, default=str) + "\n")
+        return 0
     if not os.environ.get("COURSE_LIB_HOME"):
         sys.exit("set COURSE_LIB_HOME to a scratch cache: the models are trained (or found) there")
     from course_lib.core import cache_dir
-    dest = ROOT / "course_lib" / "pretrained"
     prov_path = dest / "provenance.json"
     prov = json.loads(prov_path.read_text()) if prov_path.is_file() else {"models": {}}
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,

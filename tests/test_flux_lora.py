@@ -1,0 +1,213 @@
+"""course_lib.flux_lora (notebook 73): FLUX LoRA training, resume, export in diffusers' format, bad input.
+On notebook 72's FluxPipeline, untrained and small (built offline in a second)."""
+import copy, json, threading
+import pytest
+import torch
+from safetensors import safe_open
+
+from course_lib.flux import FluxMiniConfig, make_flux_pipeline
+from course_lib.flux_lora import (FluxLoRAConfig, FluxLoRADashboard, check_flux_lora_update,
+                                  check_svd_rank, flux_generate, load_flux_lora, lora_state,
+                                  negative_rate, read_concept_folder, reduce_rank, save_flux_lora,
+                                  train_flux_lora, write_negative_folder)
+
+SMALL = dict(num_layers=1, num_single_layers=1, text_layers=1)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return make_flux_pipeline(FluxMiniConfig(**SMALL))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_negative_folder(tmp_path_factory.mktemp("neg")/"images", n=8, pixels=16)
+
+
+def cfg(**kw):
+    return FluxLoRAConfig(**{"rank": 4, "alpha": 4.0, "steps": 6, "batch_size": 4, "lr": 1e-2,
+                             "checkpoint_every": 2, **kw})
+
+
+def weights(pipe):
+    return {f"{p}.{k}": v for p, sd in lora_state(pipe).items() for k, v in sd.items()}
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def gen(pipe, n=4):
+    return flux_generate(pipe, ["sks seven", "three", "sks bold one", "four"][:n], 16,
+                         num_inference_steps=4, seed=3)
+
+
+def test_concept_folder_and_judge(folder):
+    x, caps = read_concept_folder(folder)
+    assert x.shape == (8, 1, 16, 16) and all(c.startswith("sks ") for c in caps)
+    assert negative_rate((x + 1) / 2) == 1.0           # the training images are negative prints
+    assert negative_rate((-x + 1) / 2) == 0.0          # the ordinary digits are not
+
+
+def test_reload_gives_the_same_images(base, folder, tmp_path):
+    pipe = copy.deepcopy(base)
+    run = train_flux_lora(pipe, folder, cfg(steps=4), progress=False)
+    assert run.step == 4 and run.trainable == sum(v.numel() for v in weights(pipe).values())
+    path = save_flux_lora(pipe, tmp_path/"a.safetensors", training={"steps": run.step})
+    with safe_open(str(path), "pt") as f:
+        keys, meta = list(f.keys()), f.metadata()
+    assert all(k.startswith("transformer.") and ".lora_" in k for k in keys)
+    assert json.loads(meta["lora_adapter_metadata"])["transformer.r"] == 4
+    fresh = copy.deepcopy(base)
+    assert load_flux_lora(fresh, path) == {"steps": 4}
+    before = gen(base)
+    after, want = gen(fresh), gen(pipe)
+    assert (after - want).abs().max().item() <= 1e-5
+    assert (before - want).abs().max().item() > 1e-4     # the adapter changes the images
+
+
+def test_pause_and_resume_equal_one_run(base, folder, tmp_path):
+    one = copy.deepcopy(base)
+    train_flux_lora(one, folder, cfg(), run_dir=tmp_path/"one", progress=False)
+    ev = threading.Event()
+    halt = lambda row: ev.set() if row["step"] == 3 else None
+    first = train_flux_lora(copy.deepcopy(base), folder, cfg(), run_dir=tmp_path/"two",
+                            callback=halt, stop_event=ev, progress=False)
+    assert first.stopped and first.step == 3
+    again = copy.deepcopy(base)                   # nothing in memory: a kernel restart
+    second = train_flux_lora(again, folder, cfg(), run_dir=tmp_path/"two", progress=False)
+    assert second.step == 6 and len(second.history) == 6 and not second.stopped
+    assert max_diff(weights(one), weights(again)) <= 1e-6
+
+
+def test_a_crash_resumes_from_the_last_checkpoint(base, folder, tmp_path):
+    one = copy.deepcopy(base)
+    train_flux_lora(one, folder, cfg(), progress=False)
+    def crash(row):
+        if row["step"] == 5: raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train_flux_lora(copy.deepcopy(base), folder, cfg(), run_dir=tmp_path/"r", callback=crash,
+                        progress=False)
+    again = copy.deepcopy(base)
+    run = train_flux_lora(again, folder, cfg(), run_dir=tmp_path/"r", progress=False)
+    assert [h["step"] for h in run.history] == list(range(1, 7))   # 1-4 kept, 5-6 trained again
+    assert max_diff(weights(one), weights(again)) <= 1e-6
+
+
+def test_continue_a_finished_run(base, folder, tmp_path):
+    a = train_flux_lora(copy.deepcopy(base), folder, cfg(steps=4), run_dir=tmp_path/"r",
+                        progress=False)
+    b = train_flux_lora(copy.deepcopy(base), folder, cfg(steps=6), run_dir=tmp_path/"r",
+                        progress=False)
+    assert b.history[:4] == a.history and b.step == 6
+    assert FluxLoRAConfig.load_preset(tmp_path/"r"/"preset.json").steps == 6
+    with pytest.raises(ValueError, match=r"rank=4 \(now 8\)"):
+        train_flux_lora(copy.deepcopy(base), folder, cfg(steps=8, rank=8), run_dir=tmp_path/"r",
+                        progress=False)
+
+
+def test_wrong_transformer_size_names_module_and_shapes(base, folder, tmp_path):
+    pipe = copy.deepcopy(base)
+    train_flux_lora(pipe, folder, cfg(steps=1), progress=False)
+    path = save_flux_lora(pipe, tmp_path/"a.safetensors")
+    other = make_flux_pipeline(FluxMiniConfig(**SMALL, attention_head_dim=8, axes_dims_rope=(2, 2, 4)))
+    with pytest.raises(ValueError, match=r"another transformer: transformer\.\S+\.lora_\w\.weight "
+                                         r"has shape \(\d+, \d+\), but transformer\.\S+ here is "
+                                         r"Linear\(in_features=\d+, out_features=\d+\)"):
+        load_flux_lora(other, path)
+    with pytest.raises(FileNotFoundError, match="no LoRA file"):
+        load_flux_lora(other, tmp_path/"missing.safetensors")
+
+
+def test_preset_round_trip_and_unknown_key(tmp_path):
+    c = cfg(rank=16, train_text_encoder=True, trigger="ohwx")
+    assert FluxLoRAConfig.load_preset(c.save_preset(tmp_path/"p.json")) == c
+    (tmp_path/"bad.json").write_text(json.dumps({"rnak": 16}))
+    with pytest.raises(ValueError, match=r"unknown preset key 'rnak' .*did you mean 'rank'"):
+        FluxLoRAConfig.load_preset(tmp_path/"bad.json")
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
+        FluxLoRAConfig(steps=0)
+    with pytest.raises(FileNotFoundError, match="no preset file"):
+        FluxLoRAConfig.load_preset(tmp_path/"none.json")
+
+
+def test_missing_image_folder(base, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"image folder .*nowhere does not exist"):
+        train_flux_lora(copy.deepcopy(base), tmp_path/"nowhere", cfg(), progress=False)
+
+
+def test_reduce_rank_is_the_best_approximation():
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(8, 12, generator=g), torch.randn(10, 8, generator=g)
+    sd = {"m.lora_A.weight": A, "m.lora_B.weight": B}
+    full = 0.5 * B @ A
+    same = reduce_rank(sd, 0.5, 8)
+    assert torch.allclose(same["m.lora_B.weight"] @ same["m.lora_A.weight"], full, atol=1e-4)
+    low = reduce_rank(sd, 0.5, 3)
+    S = torch.linalg.svdvals(full)
+    err = torch.linalg.matrix_norm(low["m.lora_B.weight"] @ low["m.lora_A.weight"] - full)
+    assert err.item() == pytest.approx(S[3:].pow(2).sum().sqrt().item(), rel=1e-4)  # Eckart-Young
+    with pytest.raises(ValueError, match=r"rank must be in 1\.\.8"):
+        reduce_rank(sd, 0.5, 9)
+
+
+def test_export_options_shrink_the_file(base, folder, tmp_path):
+    pipe = copy.deepcopy(base)
+    train_flux_lora(pipe, folder, cfg(steps=3), progress=False)
+    sizes, diffs, want = {}, {}, gen(pipe, 2)
+    for name, kw in {"f32": {}, "f16": {"dtype": torch.float16}, "r2": {"rank": 2}}.items():
+        path = save_flux_lora(pipe, tmp_path/f"{name}.safetensors", **kw)
+        sizes[name] = path.stat().st_size
+        other = copy.deepcopy(base)
+        load_flux_lora(other, path)
+        diffs[name] = (gen(other, 2) - want).abs().max().item()
+    assert sizes["f16"] < 0.6 * sizes["f32"] and sizes["r2"] < 0.6 * sizes["f32"]
+    assert diffs["f32"] <= 1e-5 and diffs["f16"] <= 1e-2
+
+
+def test_text_encoder_lora_round_trip(base, folder, tmp_path):
+    pipe = copy.deepcopy(base)
+    train_flux_lora(pipe, folder, cfg(steps=2, train_text_encoder=True), progress=False)
+    assert set(lora_state(pipe)) == {"transformer", "text_encoder"}
+    path = save_flux_lora(pipe, tmp_path/"te.safetensors")
+    with safe_open(str(path), "pt") as f:
+        assert any(k.startswith("text_encoder.") for k in f.keys())
+    fresh = copy.deepcopy(base)
+    load_flux_lora(fresh, path)
+    assert (gen(fresh, 2) - gen(pipe, 2)).abs().max().item() <= 1e-5
+
+
+def test_dashboard_headless(base, folder, tmp_path):
+    import io
+    from PIL import Image
+    imgs = tmp_path/"uploaded"
+    dash = FluxLoRADashboard(base, tmp_path/"runs", imgs, cfg(steps=2), headless=True,
+                             preview_prompts=["sks one", "two"], progress=False)
+    buf = io.BytesIO()
+    Image.open(next(folder.glob("*.png"))).save(buf, format="png")
+    dash.add_images([{"name": "x.png", "content": buf.getvalue()}], "seven")
+    assert (imgs/"x.txt").read_text().strip() == "sks seven"
+    with pytest.raises(ValueError, match="y.png is not a readable image"):
+        dash.add_images([{"name": "y.png", "content": b"not an image"}], "seven")
+    dash.start("a")
+    dash.continue_run("a", 1)
+    assert dash.wait().step == 3 and (tmp_path/"runs"/"a"/"preview.png").is_file()
+    dash.load_preset(dash.save_preset(tmp_path/"p.json"))
+    dash.config = cfg(steps=2, rank=2, alpha=2.0)
+    dash.start("b")
+    rows, fig = dash.compare()
+    assert [(r["run"], r["rank"], r["steps"]) for r in rows] == [("a", 4, "3/3"), ("b", 2, "2/2")]
+    assert dash.runs() == ["a", "b"]
+
+
+def test_exercise_checkers(capsys):
+    from course_lib.flux_lora import _ref_flux_lora_update, _ref_svd_rank
+    assert check_flux_lora_update(_ref_flux_lora_update).passed
+    assert check_svd_rank(_ref_svd_rank).passed
+    no_scale = lambda x, W, b, A, B, a: x @ W.T + b + x @ A.T @ B.T
+    assert not check_flux_lora_update(no_scale).passed
+    assert "forgetting the scale alpha / r" in capsys.readouterr().out
+    def stub(*a): raise NotImplementedError
+    r = check_svd_rank(stub)
+    assert not r.passed and not r.done
