@@ -65,7 +65,7 @@ def doctor_report() -> dict[str, Any]:
 
 # %% ../nbs/90_cli.ipynb #fe02b040
 PLUGINS = {
-    "fid": ("course_lib.metrics", "fid_main",
+    "fid": ("course_lib.fid_command", "fid_main",
             "FID / IS / KID between two image folders or .npz statistics (unit 3)"),
     "finetune": ("course_lib.vision", "finetune_main",
                  "fine-tune a timm model on a folder of class sub-folders (unit 5)"),

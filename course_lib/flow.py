@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache import cache_key
 from course_lib.core import (
     cache_dir,
-    cache_key,
     get_device,
     grad_enabled,
     load_checkpoint,
@@ -23,7 +23,7 @@ from course_lib.core import (
 from .data import to_uint8
 from .ddpm import DDPMConfig, default_dataset, ema_update, make_unet
 from .guidance import drop_labels
-from .schedule import patch_to
+from .core import patch_to
 
 # %% auto #0
 __all__ = ['TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'check_steps', 'shift_time', 'flow_grid',

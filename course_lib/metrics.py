@@ -4,7 +4,7 @@
 
 # %% ../nbs/32_torch_fidelity.ipynb #130695b3
 from __future__ import annotations
-import argparse, hashlib, json, os, sys, warnings
+import hashlib, os, warnings
 from pathlib import Path
 from typing import Iterable
 
@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from .core import OfflineError, atomic_write, cache_dir, get_device
 from .frechet import FewSamplesWarning, feature_statistics, frechet_distance
-from .isc_kid import inception_score, kid
 from .metrics_images import (DIGITS_FEATURE_SIZE, REFERENCES, as_uint8_images,
                                        Digits_uint8, UInt8Images)
 
@@ -25,7 +24,7 @@ _all_ = ["DIGITS_FEATURE_SIZE", "REFERENCES", "as_uint8_images", "Digits_uint8",
 __all__ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS',
            'METRIC_NAMES', 'DigitsFeatureExtractor', 'inception_weights_path', 'evaluate', 'get_extractor',
            'extract_features', 'save_statistics', 'load_statistics', 'reference_statistics', 'fid_of_samples',
-           'fid_main', 'DIGITS_FEATURE_SIZE', 'REFERENCES', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
+           'DIGITS_FEATURE_SIZE', 'REFERENCES', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
 
 # %% ../nbs/32_torch_fidelity.ipynb #e919ce5f
 import torch_fidelity
@@ -370,119 +369,3 @@ def fid_of_samples(samples, reference: str = "digits-train", extractor: str = "d
     f = extract_features(x, extractor, weights_path)["features"]
     mu, sigma = feature_statistics(f, "samples")
     return frechet_distance(mu, sigma, st["mu"], st["sigma"])
-
-# %% ../nbs/32_torch_fidelity.ipynb #8b29beac
-def _fid_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="course fid",
-                                description="FID (and IS, KID) between two image folders, "
-                                ".npz statistics or a reference name ("
-                                + ", ".join(REFERENCES)
-                                + "). A is the generated set.")
-    p.add_argument("a",
-                   help="generated images: a folder, a .npz of statistics, or a reference name")
-    p.add_argument("b",
-                   help="reference images: a folder, a .npz of statistics, or a reference name")
-    p.add_argument(
-        "--extractor",
-        choices=EXTRACTORS,
-        default="digits",
-        help=(
-            "digits: the course's classifier (offline); inception: Inception-v3 (needs its weights)"
-        ),
-    )
-    p.add_argument("--weights", default=None,
-                   help=f"Inception-v3 weights file (default ${INCEPTION_WEIGHTS_ENV})")
-    p.add_argument("--isc", action="store_true", help="also the Inception Score of A")
-    p.add_argument("--kid", action="store_true", help="also KID")
-    p.add_argument("--kid-subset-size", type=int, default=1000,
-                   help="KID subset size (clamped to the sample count)")
-    p.add_argument("--size", type=int, default=None, help="resize all images to SIZE x SIZE first")
-    p.add_argument("--save-stats", default=None, help="write B's FID statistics to this .npz")
-    p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
-    return p
-
-# %% ../nbs/32_torch_fidelity.ipynb #8574133f
-def _is_npz(s) -> bool: return str(s).endswith(".npz")
-
-def _fid_other_size(a: argparse.Namespace, s) -> int:
-    "The image size of the side of `course fid` that is not `s`."
-    o = a.b if s == a.a else a.a
-    if _is_npz(o) or str(o) in REFERENCES: return DIGITS_FEATURE_SIZE
-    from PIL import Image
-    from course_lib.data import scan_image_folder
-    files = scan_image_folder(o).ok if Path(o).is_dir() else []
-    # the folder's own error comes when it is read
-    if not files: return DIGITS_FEATURE_SIZE
-    with Image.open(files[0]) as im: return min(im.size)
-
-def _fid_stats(a: argparse.Namespace, s) -> dict:
-    "FID statistics of one side `s` of `course fid`: a .npz, a reference name or a folder."
-    if _is_npz(s): return load_statistics(s)
-    # at the other side's size, so both go through one resize
-    if str(s) in REFERENCES:
-        return reference_statistics(str(s), a.extractor, a.weights,
-                                    size=a.size or _fid_other_size(a, s))
-    f = extract_features(s, a.extractor, a.weights, size=a.size)["features"]
-    mu, sigma = feature_statistics(f, str(s))
-    return {"mu": mu, "sigma": sigma, "n": len(f), "extractor": a.extractor}
-
-
-# %% ../nbs/32_torch_fidelity.ipynb #7ba0ecce
-def _fid_metrics(a: argparse.Namespace) -> dict:
-    "FID (and IS, KID) for the parsed `course fid` arguments `a`."
-    out: dict = {"extractor": a.extractor}
-    sa, sb = _fid_stats(a, a.a), _fid_stats(a, a.b)
-    if sa["mu"].shape != sb["mu"].shape:
-        raise ValueError(
-            f"A has {sa['mu'].shape[0]}-d statistics and B {sb['mu'].shape[0]}-d: they come"
-            " from different extractors")
-    out["fid"] = frechet_distance(sa["mu"], sa["sigma"], sb["mu"], sb["sigma"])
-    out.update(n_a=sa["n"], n_b=sb["n"])
-    if a.save_stats:
-        save_statistics(a.save_stats, sb["mu"], sb["sigma"], sb["n"], a.extractor)
-    if a.isc or a.kid:
-        fa = extract_features(a.a, a.extractor, a.weights, size=a.size)
-        if a.isc:
-            n = len(fa["logits"])
-            if n < 4:
-                raise ValueError(f"--isc needs at least 4 images in A (2 splits of 2), got {n}")
-            splits = min(10, n // 2)
-            if splits < 10:
-                warnings.warn(f"IS over {n} images: {splits} splits of {n // splits}")
-            out["is_mean"], out["is_std"] = inception_score(fa["logits"], splits=splits)
-        if a.kid:
-            fb = extract_features(a.b, a.extractor, a.weights, size=a.size)
-            out["kid_mean"], out["kid_std"] = kid(fa["features"], fb["features"],
-                                                  subset_size=a.kid_subset_size)
-    return out
-
-
-# %% ../nbs/32_torch_fidelity.ipynb #ce692317
-def fid_main(argv: list[str]) -> int:
-    """`course fid A B [--extractor digits|inception] [--isc] [--kid] [--json]`: prints FID (and IS,
-    KID). Returns 0 on success, 2 for bad arguments or missing inputs/weights (with a message on
-    stderr)."""
-    p = _fid_parser()
-    try: a = p.parse_args(argv)
-    except SystemExit as e: return int(e.code or 0) if e.code in (0, None) else 2
-    err = lambda msg: (print(f"course fid: {msg}", file=sys.stderr), 2)[1]
-    if a.size is not None and a.size < 1: return err(f"--size must be >= 1, got {a.size}")
-    if (a.isc and _is_npz(a.a)) or (a.kid and (_is_npz(a.a) or _is_npz(a.b))):
-        return err(
-            "--isc needs images for A and --kid needs images for A and B, not .npz statistics"
-        )
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = _fid_metrics(a)
-        for w in caught: print(f"course fid: warning: {w.message}", file=sys.stderr)
-    except (ValueError, FileNotFoundError, OfflineError, TypeError) as e:
-        return err(str(e))
-    if a.json: print(json.dumps(out))
-    else:
-        print(f"FID  {out['fid']:.4f}   ({a.extractor} features; A: {out['n_a']} images, B:"
-              f" {out['n_b']} images)")
-        if "is_mean" in out: print(f"IS   {out['is_mean']:.4f} ± {out['is_std']:.4f}")
-        if "kid_mean" in out: print(f"KID  {out['kid_mean']:.6f} ± {out['kid_std']:.6f}")
-    return 0
-

@@ -8,8 +8,8 @@ from safetensors import safe_open
 from course_lib.flux import FluxMiniConfig, make_flux_pipeline
 from course_lib.flux_lora import (FluxLoRAConfig, FluxLoRADashboard, check_flux_lora_update,
                                   check_svd_rank, flux_generate, load_flux_lora, lora_state,
-                                  negative_rate, read_concept_folder, reduce_rank, save_flux_lora,
-                                  train_flux_lora, write_negative_folder)
+                                  corner_rate, read_concept_folder, reduce_rank, save_flux_lora,
+                                  train_flux_lora, write_corner_folder)
 
 SMALL = dict(num_layers=1, num_single_layers=1, text_layers=1)
 
@@ -21,7 +21,7 @@ def base():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return write_negative_folder(tmp_path_factory.mktemp("neg")/"images", n=8, pixels=16)
+    return write_corner_folder(tmp_path_factory.mktemp("neg")/"images", n=8, pixels=16)
 
 
 def cfg(**kw):
@@ -46,8 +46,8 @@ def gen(pipe, n=4):
 def test_concept_folder_and_judge(folder):
     x, caps = read_concept_folder(folder)
     assert x.shape == (8, 1, 16, 16) and all(c.startswith("sks ") for c in caps)
-    assert negative_rate((x + 1) / 2) == 1.0           # the training images are negative prints
-    assert negative_rate((-x + 1) / 2) == 0.0          # the ordinary digits are not
+    assert corner_rate(x) == 1.0           # the training images are in the corner
+    assert corner_rate(x.flip(-1, -2)) == 0.0   # in the other corner they are not
 
 
 def test_reload_gives_the_same_images(base, folder, tmp_path):
@@ -183,6 +183,7 @@ def test_dashboard_headless(base, folder, tmp_path):
     from PIL import Image
     imgs = tmp_path/"uploaded"
     dash = FluxLoRADashboard(base, tmp_path/"runs", imgs, cfg(steps=2), headless=True,
+                             reg_folder=folder,
                              preview_prompts=["sks one", "two"], progress=False)
     buf = io.BytesIO()
     Image.open(next(folder.glob("*.png"))).save(buf, format="png")
@@ -193,7 +194,7 @@ def test_dashboard_headless(base, folder, tmp_path):
     dash.start("a")
     dash.continue_run("a", 1)
     assert dash.wait().step == 3 and (tmp_path/"runs"/"a"/"preview.png").is_file()
-    dash.load_preset(dash.save_preset(tmp_path/"p.json"))
+    dash.load_settings(dash.save_settings(tmp_path/"p.json"))
     dash.config = cfg(steps=2, rank=2, alpha=2.0)
     dash.start("b")
     rows, fig = dash.compare()
@@ -211,3 +212,15 @@ def test_exercise_checkers(capsys):
     def stub(*a): raise NotImplementedError
     r = check_svd_rank(stub)
     assert not r.passed and not r.done
+
+
+def test_dashboard_widgets(base, tmp_path):
+    pytest.importorskip("ipywidgets")
+    dash = FluxLoRADashboard(base, tmp_path/"runs", tmp_path/"none", cfg(steps=2), headless=False)
+    assert [c.__class__.__name__ for c in dash.ui.children] == ["VBox", "VBox", "VBox"]
+    cfg(rank=3).save_preset(tmp_path/"p.json")
+    dash._act(lambda: dash.load_settings(tmp_path/"p.json"))
+    assert dash.w["rank"].value == 3 and dash._settings().rank == 3
+    dash._act(lambda: dash.start("x"))             # no image folder: said in the status line
+    dash._thread.join()
+    assert "FileNotFoundError" in dash.status.value and "none does not exist" in dash.status.value

@@ -10,7 +10,8 @@ from PIL import Image
 
 from course_lib.data import Digits
 from course_lib.isc_kid import inception_score
-from course_lib.metrics import as_uint8_images, evaluate, fid_main
+from course_lib.fid_command import fid_main
+from course_lib.metrics import as_uint8_images, evaluate
 
 
 def run_fid(*args):

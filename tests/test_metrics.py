@@ -9,6 +9,7 @@ from course_lib.frechet import (FD_METHODS, FewSamplesWarning, check_features, f
                                 fid_infinity, frechet_distance)
 from course_lib.isc_kid import inception_score, kid
 from course_lib import metrics
+from course_lib.fid_command import fid_main
 
 import torch_fidelity.metric_fid as tf_fid
 from torch_fidelity.metric_isc import isc_features_to_metric
@@ -227,7 +228,7 @@ def test_inception_weights_missing_names_the_digits_extractor(monkeypatch, tmp_p
 def run_cli(argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = metrics.fid_main(argv)
+        rc = fid_main(argv)
     return rc, out.getvalue(), err.getvalue()
 
 
