@@ -13,7 +13,7 @@ from .core import atomic_write, restore_pretrained
 
 # %% auto #0
 __all__ = ['data_fingerprint', 'cache_key', 'code_fingerprint', 'StaleCacheWarning', 'cache_record_path', 'record_cached',
-           'check_cached', 'cached']
+           'check_cached', 'cached', 'is_cached']
 
 # %% ../nbs/07_cache.ipynb #d4e6cc06
 import dataclasses, hashlib, math
@@ -248,3 +248,19 @@ def cached(path: str | os.PathLike, key: str, code: str, retrain: bool = False, 
         if not hit and path.exists():
             record_cached(path, key, code, source="trained")
 
+
+# %% ../nbs/07_cache.ipynb #2f39574f
+def is_cached(path: str | os.PathLike) -> bool:
+    """True when the cached artefact `path` is in the course cache, or ships with the package (and
+    `COURSE_LIB_NO_PRETRAINED` is not set), so that its loader loads it instead of training."""
+    from course_lib.core import cache_dir, pretrained_dir
+    path = Path(path)
+    if path.exists():
+        return True
+    if os.environ.get("COURSE_LIB_NO_PRETRAINED", "") not in ("", "0"):
+        return False
+    try:
+        rel = path.resolve().relative_to(cache_dir().resolve())
+    except ValueError:
+        return False
+    return (pretrained_dir() / rel).exists()

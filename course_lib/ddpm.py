@@ -346,9 +346,10 @@ def format_table(rows: list[dict]) -> str:
                      ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows])
 
 # %% ../nbs/13_sampling.ipynb #5cf0dcac
-from .schedule import BETA_SCHEDULES, PREDICTION_TYPES, make_betas
+from .schedule import (BETA_SCHEDULES, PREDICTION_TYPES, diffusion_loss,
+                                 diffusion_target, make_betas)
 from .ddpm_training import (MIXED_PRECISION, CheckpointMismatch, checkpoint_path,
-                                      default_dataset, diffusion_loss, diffusion_target, ema_update,
+                                      default_dataset, ema_update,
                                       load_pretrained_ddpm, make_unet, read_checkpoint, train_ddpm,
                                       ddpm_is_cached, estimate_training_seconds)
 

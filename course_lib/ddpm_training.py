@@ -11,42 +11,18 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
-from filelock import FileLock
 from torch import nn
 if TYPE_CHECKING:
     from diffusers import UNet2DModel
 
 from .core import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
-from .core import restore_pretrained
 from .data import Digits, to_float
-from .schedule import NoiseSchedule, check_prediction_type, make_betas
+from .schedule import NoiseSchedule, check_prediction_type, diffusion_target, make_betas
 from .core import patch_to
 
 # %% auto #0
-__all__ = ['MIXED_PRECISION', 'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'default_dataset', 'ema_update',
-           'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm',
-           'ddpm_is_cached', 'estimate_training_seconds']
-
-# %% ../nbs/11_ddpm_training.ipynb #bc3b58ce
-def diffusion_target(schedule: NoiseSchedule, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor,
-                     prediction_type: str = "epsilon") -> torch.Tensor:
-    """The regression target for `prediction_type`: `eps` itself, or
-    v = sqrt(ab) eps - sqrt(1 - ab) x0. Shapes `(B, C, H, W)`."""
-    check_prediction_type(prediction_type)
-    return eps if prediction_type == "epsilon" else schedule.velocity(x0, eps, t)
-
-def diffusion_loss(model: nn.Module, schedule: NoiseSchedule, x0: torch.Tensor,
-                   prediction_type: str = "epsilon", class_labels: torch.Tensor | None = None,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """L_simple (Ho et al. 2020, eq. 14) for a batch `x0` `(B, C, H, W)` float32 in [-1, 1]:
-    uniform t, Gaussian eps, mean squared error of the model output against `diffusion_target`.
-    Returns a scalar tensor."""
-    B = x0.shape[0]
-    t = torch.randint(0, schedule.num_train_timesteps, (B,), generator=generator).to(x0.device)
-    eps = torch.randn(x0.shape, generator=generator).to(x0.device)
-    xt = schedule.q_sample(x0, t, eps)
-    out = model(xt, t, class_labels=class_labels).sample
-    return F.mse_loss(out.float(), diffusion_target(schedule, x0, eps, t, prediction_type))
+__all__ = ['MIXED_PRECISION', 'DDPMConfig', 'make_unet', 'default_dataset', 'ema_update', 'CheckpointMismatch', 'checkpoint_path',
+           'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds']
 
 # %% ../nbs/11_ddpm_training.ipynb #55d2ef99
 @dataclass
@@ -420,15 +396,11 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
     `default_dataset(config)`) and cached. `model.history` holds the training loss curve and time,
     `model.ddpm_config` the config. Guarded by a `filelock.FileLock`."""
     cfg = (config or DDPMConfig()).validate()
-    from course_lib.cache import check_cached, code_fingerprint, record_cached
+    from course_lib.cache import cached, code_fingerprint
     key, code = cfg.key(dataset), code_fingerprint(train_ddpm)
-    folder = cache_dir("models", "ddpm", key)
-    final = folder / "ema.safetensors"
-    with FileLock(str(folder / "train.lock")):
-        if not retrain: restore_pretrained(final)     # a copy shipped with the package, if any
-        if final.is_file() and not retrain:
-            how = "load_pretrained_ddpm(config, dataset=..., retrain=True)"
-            check_cached(final, key, code, how)
+    final = cache_dir("models", "ddpm", key) / "ema.safetensors"
+    with cached(final, key, code, retrain, "load_pretrained_ddpm(config, retrain=True)") as hit:
+        if hit:
             state, meta = load_checkpoint(final)
             torch.manual_seed(0)
             model = make_unet(cfg)
@@ -438,13 +410,12 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
             model.history = {"loss": list(state["losses"]), "seconds": secs,
                              "images_per_second": ips}
         else:
-            if retrain: checkpoint_path(folder).unlink(missing_ok=True)
-            model = train_ddpm(cfg, dataset, checkpoint_dir=folder, progress=progress)
+            if retrain: checkpoint_path(final.parent).unlink(missing_ok=True)
+            model = train_ddpm(cfg, dataset, checkpoint_dir=final.parent, progress=progress)
             h = model.history
             save_checkpoint(final, {"ema": model.state_dict(), "losses": h["loss"]},
                             {"config": json.dumps(cfg.to_dict()), "seconds": str(h["seconds"]),
                              "images_per_second": str(h["images_per_second"])})
-            record_cached(final, key, code, source="trained")
             del model.raw_model
     model.ddpm_config = cfg
     return model.to(get_device(device)).eval()
@@ -453,13 +424,9 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
 def ddpm_is_cached(config: DDPMConfig | None = None, dataset=None) -> bool:
     """True when `load_pretrained_ddpm(config, dataset=dataset)` loads the model (from the course
     cache, or the copy shipped with the package) instead of training it."""
-    from course_lib.core import pretrained_dir
+    from course_lib.cache import is_cached
     cfg = (config or DDPMConfig()).validate()
-    final = cache_dir("models", "ddpm", cfg.key(dataset), create=False) / "ema.safetensors"
-    if final.is_file(): return True
-    if os.environ.get("COURSE_LIB_NO_PRETRAINED", "") not in ("", "0"): return False
-    rel = final.resolve().relative_to(cache_dir().resolve())
-    return (pretrained_dir() / rel).is_file()
+    return is_cached(cache_dir("models", "ddpm", cfg.key(dataset), create=False) / "ema.safetensors")
 
 def estimate_training_seconds(config: DDPMConfig | None = None, n_steps: int = 3,
                               dataset=None) -> float:

@@ -12,7 +12,7 @@ from .core import patch_to
 
 
 # %% auto #0
-__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type']
+__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'diffusion_target', 'diffusion_loss']
 
 # %% ../nbs/10_forward_process.ipynb #c496e861
 BETA_SCHEDULES = ("linear", "cosine", "sigmoid")
@@ -181,3 +181,27 @@ def check_prediction_type(prediction_type: str) -> str:
         raise ValueError(f"unknown prediction_type {prediction_type!r}; "
                          f"choose one of {list(PREDICTION_TYPES)}")
     return prediction_type
+
+# %% ../nbs/11_ddpm_training.ipynb #bc3b58ce
+import torch.nn.functional as F
+from torch import nn
+
+def diffusion_target(schedule: NoiseSchedule, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor,
+                     prediction_type: str = "epsilon") -> torch.Tensor:
+    """The regression target for `prediction_type`: `eps` itself, or
+    v = sqrt(ab) eps - sqrt(1 - ab) x0. Shapes `(B, C, H, W)`."""
+    check_prediction_type(prediction_type)
+    return eps if prediction_type == "epsilon" else schedule.velocity(x0, eps, t)
+
+def diffusion_loss(model: nn.Module, schedule: NoiseSchedule, x0: torch.Tensor,
+                   prediction_type: str = "epsilon", class_labels: torch.Tensor | None = None,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """L_simple (Ho et al. 2020, eq. 14) for a batch `x0` `(B, C, H, W)` float32 in [-1, 1]:
+    uniform t, Gaussian eps, mean squared error of the model output against `diffusion_target`.
+    Returns a scalar tensor."""
+    B = x0.shape[0]
+    t = torch.randint(0, schedule.num_train_timesteps, (B,), generator=generator).to(x0.device)
+    eps = torch.randn(x0.shape, generator=generator).to(x0.device)
+    xt = schedule.q_sample(x0, t, eps)
+    out = model(xt, t, class_labels=class_labels).sample
+    return F.mse_loss(out.float(), diffusion_target(schedule, x0, eps, t, prediction_type))
