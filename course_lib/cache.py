@@ -91,7 +91,8 @@ def data_fingerprint(data) -> str | None:
         for i in range(len(data)):
             _update_data_hash(h, data[i])
     else:
-        raise TypeError(f"data_fingerprint: cannot fingerprint {type(data).__name__}: give a tensor, "
+        kind = type(data).__name__
+        raise TypeError(f"data_fingerprint: cannot fingerprint {kind}: give a tensor, "
                         "an array, a dataset with len() and indexing, or a path")
     return h.hexdigest()[:12]
 
@@ -103,7 +104,7 @@ def cache_key(kind: str, config=None, data=None, code_version: int = 1) -> str:
     "code_version": code_version}`.
 
     `kind`: what the artefact is ('ddpm', 'digits_classifier', ...). `config`: a dataclass or dict
-    of what changes the result (JSON-able values; `TypeError` otherwise). `data`: see
+    of what changes the result (JSON-able values, else `TypeError`). `data`: see
     `data_fingerprint` (None: the loader's default data). `code_version`: an int the library raises
     when its training code changes what it produces. A learner's own edits to the training code are
     caught on a cache hit instead: see `check_cached`."""
@@ -167,7 +168,7 @@ def _class_parts(cls) -> tuple[str, list]:
 def code_fingerprint(*objs) -> str:
     """12 hex digits of sha256 over the code of the functions/classes `objs` and of every function
     or class of `course_lib` or of the notebook (`__main__`) they name, transitively. Read as syntax
-    trees, so comments, docstrings and line breaks do not change it; a changed statement does."""
+    trees, so comments, docstrings and line breaks do not change it, a changed statement does."""
     seen, parts, todo = set(), [], list(objs)
     while todo:
         obj = todo.pop(0)
@@ -196,7 +197,8 @@ def cache_record_path(path: str | os.PathLike) -> Path:
     return path.with_name(path.name + ".cache.json")
 
 def record_cached(path: str | os.PathLike, key: str, code: str, **info) -> None:
-    "Write (atomically) the record of the artefact `path`: its cache `key`, the `code` fingerprint, `info`."
+    """Write (atomically) the record of the artefact `path`: its cache `key`, the `code`
+    fingerprint, `info`."""
     rec = {"key": key, "code": code, "created": time.strftime("%Y-%m-%d %H:%M:%S"), **info}
     with atomic_write(cache_record_path(path), "w") as f:
         json.dump(rec, f, indent=1, sort_keys=True, default=str)
@@ -229,12 +231,12 @@ def check_cached(path: str | os.PathLike, key: str, code: str, retrain: str) -> 
 # %% ../nbs/07_cache.ipynb #2cc2e79c
 @contextlib.contextmanager
 def cached(path: str | os.PathLike, key: str, code: str, retrain: bool = False, how: str = ""):
-    """`with cached(path, key, code, retrain, how) as hit:` for a loader of the cached artefact `path`.
+    """`with cached(path, key, code, retrain, how) as hit:` for a loader of the artefact `path`.
 
     Holds a `filelock.FileLock` on `<path>.lock`, restores a shipped copy (`restore_pretrained`)
     unless `retrain`, and yields `hit`: True when `path` exists and `retrain` is False (then
     `check_cached(path, key, code, how)` has run: a `StaleCacheWarning` if the code changed), else
-    False: the body trains and writes `path`, which is then recorded with `code` (`record_cached`)."""
+    False: the body trains and writes `path`, then recorded with `code` (`record_cached`)."""
     from filelock import FileLock
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -426,7 +426,8 @@ def ddpm_is_cached(config: DDPMConfig | None = None, dataset=None) -> bool:
     cache, or the copy shipped with the package) instead of training it."""
     from course_lib.cache import is_cached
     cfg = (config or DDPMConfig()).validate()
-    return is_cached(cache_dir("models", "ddpm", cfg.key(dataset), create=False) / "ema.safetensors")
+    folder = cache_dir("models", "ddpm", cfg.key(dataset), create=False)
+    return is_cached(folder / "ema.safetensors")
 
 def estimate_training_seconds(config: DDPMConfig | None = None, n_steps: int = 3,
                               dataset=None) -> float:
