@@ -4,8 +4,8 @@
 
 # %% ../nbs/73_flux_lora.ipynb #d8eedd60
 from __future__ import annotations
-import difflib, io, json, os, tempfile, threading, time, warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+import difflib, json, os, threading, time, warnings
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -18,13 +18,16 @@ from .core import atomic_write, load_checkpoint, patch_to, save_checkpoint
 from .data import open_image, scan_image_folder
 from .flow import TIME_SAMPLINGS, sample_time
 from .lora_data import DIGIT_WORDS, TRIGGER, fit_image, read_captions
+from .flux_lora_export import (check_flux_lora, load_flux_lora, lora_state, reduce_rank,
+                                         save_flux_lora)
+
+_all_ = ['check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save_flux_lora']
 
 # %% auto #0
 __all__ = ['FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'ink_centroid',
            'corner_rate', 'read_concept_folder', 'encode_images', 'encode_captions', 'flux_flow_loss', 'add_flux_lora',
-           'lora_state', 'FluxLoRARun', 'train_flux_lora', 'reduce_rank', 'save_flux_lora', 'check_flux_lora',
-           'load_flux_lora', 'flux_generate', 'save_preview', 'run_summary', 'compare_runs', 'FluxLoRADashboard',
-           'check_flux_lora_update', 'check_svd_rank']
+           'FluxLoRARun', 'train_flux_lora', 'flux_generate', 'check_flux_lora_update', 'check_svd_rank',
+           'check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save_flux_lora']
 
 # %% ../nbs/73_flux_lora.ipynb #df05bead
 FLUX_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0",
@@ -246,15 +249,6 @@ def _inject(model: nn.Module, lc, adapter_name: str) -> None:
     model.peft_config = {**(getattr(model, "peft_config", None) or {}), adapter_name: lc}
     for n, prm in model.named_parameters(): prm.requires_grad_("lora_" in n)
 
-def lora_state(pipe, adapter_name: str = "default") -> dict[str, dict[str, torch.Tensor]]:
-    "The LoRA weights of the transformer (and the text encoder, if adapted), peft's key names."
-    from peft.utils import get_peft_model_state_dict
-    out = {}
-    for part in ("transformer", "text_encoder"):
-        m = getattr(pipe, part)
-        if adapter_name in (getattr(m, "peft_config", None) or {}):
-            out[part] = get_peft_model_state_dict(m, adapter_name=adapter_name)
-    return out
 
 # %% ../nbs/73_flux_lora.ipynb #825b8b7b
 @dataclass
@@ -377,116 +371,6 @@ def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | No
     bar.close()
     return run
 
-# %% ../nbs/73_flux_lora.ipynb #027752d3
-def reduce_rank(sd: dict[str, torch.Tensor], scale: float, rank: int) -> dict[str, torch.Tensor]:
-    """peft LoRA weights `sd` (pairs `<m>.lora_A.weight`, `<m>.lora_B.weight`, update
-    `scale * B @ A`) -> pairs of rank `rank` whose product (scale 1) is the best rank-`rank`
-    approximation of each update. Raises `ValueError` for a rank < 1 or above the adapter's."""
-    out = {}
-    for ka in [k for k in sd if k.endswith("lora_A.weight")]:
-        kb = ka.replace("lora_A", "lora_B")
-        A, B = sd[ka].float(), sd[kb].float()
-        if not 1 <= rank <= A.shape[0]:
-            raise ValueError(f"rank must be in 1..{A.shape[0]} (the adapter's), got {rank!r}")
-        U, S, Vh = torch.linalg.svd(scale * B @ A, full_matrices=False)
-        out[kb], out[ka] = (U[:, :rank] * S[:rank]).contiguous(), Vh[:rank].contiguous()
-    return out
-
-# %% ../nbs/73_flux_lora.ipynb #18525869
-def _export_parts(pipe, adapter_name, dtype, rank):
-    layers, metas = {}, {}
-    for part, sd in lora_state(pipe, adapter_name).items():
-        pc = getattr(pipe, part).peft_config[adapter_name]
-        meta = pc.to_dict()
-        if rank is not None:
-            sd = reduce_rank(sd, pc.lora_alpha / pc.r, rank)
-            meta.update(r=rank, lora_alpha=rank, rank_pattern={}, alpha_pattern={})
-        layers[part] = {k: v.detach().to("cpu", dtype or torch.float32).contiguous()
-                        for k, v in sd.items()}
-        metas[part] = {k: (sorted(v) if isinstance(v, set) else v) for k, v in meta.items()}
-    return layers, metas
-
-def _add_metadata(path: Path, extra: dict[str, str]) -> None:
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save
-    with safe_open(str(path), framework="pt") as f: meta = dict(f.metadata() or {})
-    data = save(load_file(str(path)), metadata={**meta, **extra})
-    with atomic_write(path, "wb") as f: f.write(data)
-
-# %% ../nbs/73_flux_lora.ipynb #e89e398d
-def save_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default",
-                   dtype: torch.dtype | None = None, rank: int | None = None,
-                   training: dict | None = None) -> Path:
-    """Write adapter `adapter_name` of `pipe` with `FluxPipeline.save_lora_weights` to `path`
-    (`.safetensors`), in `dtype` (default float32) and, with `rank`, reduced by SVD. `training`
-    (settings, steps, loss...) is stored as JSON under `course_lib.training` in the header, with
-    `course_lib.dtype` and `course_lib.rank`. Returns the path."""
-    from diffusers import FluxPipeline
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"a LoRA is written as .safetensors, got {path.name!r}")
-    layers, metas = _export_parts(pipe, adapter_name, dtype, rank)
-    if "transformer" not in layers:
-        raise ValueError(f"no adapter {adapter_name!r} on the transformer")
-    with tempfile.TemporaryDirectory(dir=path.parent if path.parent.exists() else None) as tmp:
-        FluxPipeline.save_lora_weights(
-            tmp, transformer_lora_layers=layers["transformer"],
-            text_encoder_lora_layers=layers.get("text_encoder"), weight_name="lora.safetensors",
-            transformer_lora_adapter_metadata=metas["transformer"],
-            text_encoder_lora_adapter_metadata=metas.get("text_encoder"))
-        tmp_file = Path(tmp)/"lora.safetensors"
-        _add_metadata(tmp_file, {"course_lib.training": json.dumps(training or {}, default=str),
-                                 "course_lib.dtype": str(dtype or torch.float32),
-                                 "course_lib.rank": str(rank or metas["transformer"]["r"])})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path, "wb") as f: f.write(tmp_file.read_bytes())
-    return path
-
-# %% ../nbs/73_flux_lora.ipynb #476704ac
-def _lora_shapes(path: Path) -> tuple[dict[str, tuple], dict]:
-    from safetensors import safe_open
-    with safe_open(str(path), framework="pt") as f:
-        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, dict(f.metadata() or {})
-
-def check_flux_lora(pipe, path: str | os.PathLike) -> dict:
-    """Check that the LoRA file `path` fits `pipe`: every `transformer.<m>` / `text_encoder.<m>`
-    module exists and is a Linear whose (out, in) match lora_B's rows and lora_A's columns.
-    Returns the header metadata. Raises `FileNotFoundError`, or `ValueError` naming the module and
-    the shapes."""
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no LoRA file at {path}")
-    shapes, meta = _lora_shapes(path)
-    for k, shp in sorted(shapes.items()):
-        part, _, rest = k.partition(".")
-        mod_name, _, kind = rest.rpartition(".lora_")
-        model = getattr(pipe, part, None)
-        mods = dict(model.named_modules()) if model is not None else {}
-        m = mods.get(mod_name)
-        m = getattr(m, "base_layer", m)
-        if not isinstance(m, nn.Linear):
-            raise ValueError(f"{path.name}: module {part}.{mod_name} of the LoRA ({k}, {shp}) is "
-                             f"not a Linear layer of this pipeline's {part}: another model?")
-        want = (shp[1] if kind.startswith("A") else shp[0],
-                m.in_features if kind.startswith("A") else m.out_features)
-        if want[0] != want[1]:
-            raise ValueError(f"{path.name} was trained for another {part}: {k} has shape {shp}, "
-                             f"but {part}.{mod_name} here is Linear(in_features={m.in_features}, "
-                             f"out_features={m.out_features})")
-    return meta
-
-# %% ../nbs/73_flux_lora.ipynb #234c33cd
-def load_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default") -> dict:
-    """`check_flux_lora`, then `pipe.load_lora_weights(path, adapter_name=...)`. Returns the
-    training metadata (`course_lib.training`, parsed, empty for files from elsewhere)."""
-    from diffusers.utils import logging as dlog
-    meta = check_flux_lora(pipe, path)
-    level = dlog.get_verbosity()
-    if not any(k.startswith("text_encoder.") for k in _lora_shapes(Path(path))[0]):
-        dlog.set_verbosity_error()         # no "no LoRA keys for CLIPTextModel" notice: none meant
-    try: pipe.load_lora_weights(str(path), adapter_name=adapter_name)
-    finally: dlog.set_verbosity(level)
-    return json.loads(meta.get("course_lib.training", "{}"))
-
 # %% ../nbs/73_flux_lora.ipynb #1741bd33
 @torch.no_grad()
 def flux_generate(pipe, prompts: str | Sequence[str], resolution: int, n: int | None = None,
@@ -501,260 +385,16 @@ def flux_generate(pipe, prompts: str | Sequence[str], resolution: int, n: int | 
                generator=torch.Generator().manual_seed(seed))
     return out.images.float().cpu()
 
-def _grid_png(images: torch.Tensor, nrow: int = 8, upscale: int = 8) -> bytes:
-    from PIL import Image
-    from course_lib.viz import image_grid
-    g = Image.fromarray(image_grid((images * 2 - 1).clamp(-1, 1), nrow=nrow))
-    buf = io.BytesIO()
-    g.resize((g.width * upscale, g.height * upscale), Image.NEAREST).save(buf, format="png")
-    return buf.getvalue()
 
-def save_preview(pipe, run_dir: str | os.PathLike, prompts: Sequence[str], resolution: int,
-                 **kw) -> Path:
-    "Write `preview.png` (a grid of `flux_generate(pipe, prompts, ...)`) into `run_dir`."
-    path = Path(run_dir)/"preview.png"
-    png = _grid_png(flux_generate(pipe, prompts, resolution, **kw))
-    with atomic_write(path, "wb") as f: f.write(png)
-    return path
+# %% ../nbs/73_flux_lora.ipynb #d1e0e34b
+_IN_DASHBOARD = ("FluxLoRADashboard", "save_preview", "run_summary", "compare_runs")
 
-# %% ../nbs/73_flux_lora.ipynb #70b823cc
-def run_summary(run_dir: str | os.PathLike) -> dict:
-    """Settings, steps done, final loss (mean of the last 10 steps), seconds and loss history of the
-    run in `run_dir`. Raises `FileNotFoundError` when it has no preset."""
-    run_dir = Path(run_dir)
-    cfg = FluxLoRAConfig.load_preset(run_dir/"preset.json")
-    ck = run_dir/"checkpoint.safetensors"
-    hist = load_checkpoint(ck)[0]["history"] if ck.is_file() else []
-    tail = [r["loss"] for r in hist[-10:]]
-    keys = ("rank", "alpha", "lr", "batch_size", "train_text_encoder")
-    return {"run": run_dir.name, **{k: getattr(cfg, k) for k in keys},
-            "steps": f"{len(hist)}/{cfg.steps}",
-            "final_loss": round(float(np.mean(tail)), 4) if tail else None,
-            "seconds": round(hist[-1]["seconds"], 1) if hist else 0.0, "history": hist,
-            "preview": run_dir/"preview.png" if (run_dir/"preview.png").is_file() else None}
-
-def compare_runs(run_dirs: Sequence[str | os.PathLike], smooth: int = 10):
-    """Side by side: a table (list of dicts: settings, steps, final loss, seconds) and a figure
-    (loss curves, moving average over `smooth` steps, and each run's preview)."""
-    import matplotlib.pyplot as plt
-    runs = [run_summary(d) for d in run_dirs]
-    previews = [r for r in runs if r["preview"] is not None]
-    fig, axes = plt.subplots(1, 1 + len(previews), figsize=(5 + 2.5 * len(previews), 3),
-                             squeeze=False)
-    for r in runs:
-        y = np.array([h["loss"] for h in r["history"]])
-        k = max(1, min(smooth, len(y)))
-        if len(y): axes[0, 0].plot(np.convolve(y, np.ones(k) / k, "valid"), label=r["run"])
-    axes[0, 0].set(xlabel="step", ylabel=f"loss ({smooth}-step mean)", title="training loss")
-    axes[0, 0].legend(fontsize=8)
-    for ax, r in zip(axes[0, 1:], previews):
-        ax.imshow(plt.imread(r["preview"]))
-        ax.set(title=r["run"], xticks=[], yticks=[])
-    fig.tight_layout()
-    return [{k: v for k, v in r.items() if k not in ("history", "preview")} for r in runs], fig
-
-# %% ../nbs/73_flux_lora.ipynb #cfadbf1a
-_WIDGET_KEYS = ("rank", "alpha", "lr", "steps", "batch_size", "train_text_encoder", "trigger")
-
-class FluxLoRADashboard:
-    """Train FLUX LoRAs into run folders under `root` from the images in `folder`.
-
-    `base`: the base `FluxPipeline` (each run trains a copy), `config`: initial settings,
-    `preview_prompts`: the prompts of each run's preview grid, `reg_folder`: prior-preservation
-    images (see `train_flux_lora`), `headless`: None = widgets in a live
-    notebook front-end, else none. Methods: `start(name)`, `pause()`, `resume(name)`,
-    `continue_run(name, extra_steps)`, `wait()`, `save_settings(path)`, `load_settings(path)`,
-    `add_images(files, caption)`, `compare(names)`, `runs()`."""
-    def __init__(self, base, root: str | os.PathLike, folder: str | os.PathLike,
-                 config: FluxLoRAConfig | None = None, preview_prompts: Sequence[str] = (),
-                 headless: bool | None = None, progress: bool = True,
-                 reg_folder: str | os.PathLike | None = None):
-        from course_lib.lora_train import _in_notebook_frontend
-        self.base, self.root, self.folder = base, Path(root), Path(folder)
-        self.config, self.preview_prompts = config or FluxLoRAConfig(), list(preview_prompts)
-        self.headless = (not _in_notebook_frontend()) if headless is None else headless
-        self.progress, self.run, self.history, self.error = progress, None, [], None
-        self.reg_folder = reg_folder
-        self._stop, self._thread = threading.Event(), None
-        if not self.headless: self._build()
-
-    @property
-    def running(self) -> bool: return self._thread is not None and self._thread.is_alive()
-
-    def runs(self) -> list[str]:
-        "Names of the run folders under `root` (those with a preset)."
-        return sorted(p.parent.name for p in self.root.glob("*/preset.json"))
-
-# %% ../nbs/73_flux_lora.ipynb #752fce2c
-@patch_to(FluxLoRADashboard)
-def _train(self, name: str, cfg: FluxLoRAConfig):
-    import copy
-    self.history, self.error = [], None
-    try:
-        pipe = copy.deepcopy(self.base)
-        self.run = train_flux_lora(pipe, self.folder, cfg, self.root/name, callback=self._on_step,
-                                   stop_event=self._stop, progress=self.progress and self.headless,
-                                   reg_folder=self.reg_folder)
-        if self.preview_prompts:
-            save_preview(pipe, self.root/name, self.preview_prompts, self.run_resolution(),
-                         max_sequence_length=cfg.max_sequence_length)
-        self._say(f"{'paused' if self.run.stopped else 'done'}: {name}, step {self.run.step}/"
-                  f"{cfg.steps}, {self.run.seconds:.0f} s")
-    except Exception as e:
-        self.error = e
-        if self.headless: raise
-        self._say(f"<b>error</b>: {type(e).__name__}: {e}")
-
-@patch_to(FluxLoRADashboard)
-def run_resolution(self) -> int:
-    "The training images' side (the config's `resolution`, else the first image's)."
-    return self.config.resolution or read_concept_folder(self.folder)[0].shape[-1]
-
-@patch_to(FluxLoRADashboard)
-def start(self, name: str | None = None, config: FluxLoRAConfig | None = None) -> None:
-    """Train run `name` (default: the name box, else 'run-N') with `config` (default: the
-    controls): a new run, or the same run resumed from its checkpoint. Background thread with
-    widgets, foreground headless."""
-    if self.running: raise RuntimeError("a run is in progress: pause it first")
-    cfg = config or self._settings()
-    name = name or (self.w["name"].value.strip() if not self.headless else "") or \
-        f"run-{len(self.runs()) + 1}"
-    self._stop.clear()
-    if self.headless: return self._train(name, cfg)
-    self._thread = threading.Thread(target=self._train, args=(name, cfg), daemon=True)
-    self._thread.start()
-
-# %% ../nbs/73_flux_lora.ipynb #99b8dfca
-@patch_to(FluxLoRADashboard)
-def pause(self) -> None:
-    "Ask the run to checkpoint and stop after the current step."
-    self._stop.set()
-
-@patch_to(FluxLoRADashboard)
-def wait(self) -> FluxLoRARun:
-    "Block until the current run ends; returns it (re-raises its error)."
-    if self._thread is not None: self._thread.join()
-    if self.error is not None: raise self.error
-    return self.run
-
-@patch_to(FluxLoRADashboard)
-def resume(self, name: str) -> None:
-    "Resume run `name` with its own saved settings, from its last checkpoint."
-    self.start(name, FluxLoRAConfig.load_preset(self.root/name/"preset.json"))
-
-@patch_to(FluxLoRADashboard)
-def continue_run(self, name: str, extra_steps: int) -> None:
-    "Train the (finished) run `name` for `extra_steps` more steps, from its last checkpoint."
-    cfg = FluxLoRAConfig.load_preset(self.root/name/"preset.json")
-    self.start(name, replace(cfg, steps=cfg.steps + int(extra_steps)))
-
-# %% ../nbs/73_flux_lora.ipynb #f559887f
-@patch_to(FluxLoRADashboard)
-def save_settings(self, path: str | os.PathLike) -> Path:
-    "Write the current settings (the controls) as a preset file."
-    return self._settings().save_preset(path)
-
-@patch_to(FluxLoRADashboard)
-def load_settings(self, path: str | os.PathLike) -> FluxLoRAConfig:
-    "Load a preset file into the settings (and the controls)."
-    self.config = FluxLoRAConfig.load_preset(path)
-    if not self.headless:
-        for k in _WIDGET_KEYS: self.w[k].value = getattr(self.config, k)
-    return self.config
-
-@patch_to(FluxLoRADashboard)
-def add_images(self, files, caption: str) -> list[Path]:
-    """Save uploaded images (`files`: ipywidgets `FileUpload.value` entries, dicts with `name` and
-    `content`) into the image folder, each with the caption sidecar `caption` (the trigger word is
-    added in front when missing). Unreadable images are refused with their name."""
-    from PIL import Image
-    trig = self._settings().trigger
-    caption = caption if trig in caption.split() else f"{trig} {caption}"
-    self.folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for f in files:
-        try: Image.open(io.BytesIO(bytes(f["content"]))).verify()
-        except Exception as e: raise ValueError(f"{f['name']} is not a readable image: {e}") from e
-        p = self.folder/Path(f["name"]).name
-        p.write_bytes(bytes(f["content"]))
-        p.with_suffix(".txt").write_text(caption.strip() + "\n")
-        out.append(p)
-    return out
-
-# %% ../nbs/73_flux_lora.ipynb #4a2bbea9
-@patch_to(FluxLoRADashboard)
-def _settings(self) -> FluxLoRAConfig:
-    if self.headless: return self.config
-    return replace(self.config, **{k: self.w[k].value for k in _WIDGET_KEYS})
-
-@patch_to(FluxLoRADashboard)
-def _say(self, text: str) -> None:
-    if not self.headless: self.status.value = text
-
-@patch_to(FluxLoRADashboard)
-def _on_step(self, row: dict) -> None:
-    self.history.append(row)
-    if self.headless or row["step"] % 10: return
-    from course_lib.lora_train import _png, loss_figure
-    self.curve.value = _png(loss_figure(self.history, title="FLUX LoRA loss"))
-    self._say(f"step {row['step']}, loss {row['loss']:.4f}, {row['seconds']:.0f} s")
-
-@patch_to(FluxLoRADashboard)
-def compare(self, names: Sequence[str] | None = None):
-    "`compare_runs` of the runs `names` (default: all); with widgets, shown in the comparison tab."
-    rows, fig = compare_runs([self.root/n for n in (names or self.runs())])
-    if not self.headless:
-        from course_lib.lora_train import _png
-        head = "".join(f"<th>{k}</th>" for k in rows[0]) if rows else ""
-        cells = lambda r: "".join(f"<td>{v}</td>" for v in r.values())
-        body = "".join(f"<tr>{cells(r)}</tr>" for r in rows)
-        self.table.value = f"<table><tr>{head}</tr>{body}</table>"
-        self.cmp_img.value = _png(fig)
-    return rows, fig
-
-# %% ../nbs/73_flux_lora.ipynb #ef1d5d67
-@patch_to(FluxLoRADashboard)
-def _build(self):
-    import ipywidgets as W
-    from IPython.display import display
-    c = self.config
-    self.w = dict(name=W.Text(description="run name"),
-        rank=W.IntSlider(value=c.rank, min=1, max=64, description="rank"),
-        alpha=W.FloatText(value=c.alpha, description="alpha"),
-        lr=W.FloatLogSlider(value=c.lr, base=10, min=-5, max=-1, step=0.25, description="lr"),
-        steps=W.IntText(value=c.steps, description="steps"),
-        batch_size=W.IntSlider(value=c.batch_size, min=1, max=64, description="batch"),
-        train_text_encoder=W.Checkbox(value=c.train_text_encoder, description="LoRA on CLIP too"),
-        trigger=W.Text(value=c.trigger, description="trigger"),
-        extra=W.IntText(value=100, description="+ steps"),
-        preset=W.Text(value=str(self.root/"preset.json"), description="preset file"),
-        upload=W.FileUpload(accept="image/*", multiple=True, description="images"),
-        caption=W.Text(description="caption"),
-        runs=W.SelectMultiple(options=self.runs(), description="runs"))
-    self.status, self.table = W.HTML("ready"), W.HTML()
-    self.curve, self.cmp_img = W.Image(format="png"), W.Image(format="png")
-    acts = {"start": lambda: self.start(), "pause": self.pause,
-            "resume": lambda: self.resume(self.w["name"].value),
-            "continue": lambda: self.continue_run(self.w["name"].value, self.w["extra"].value),
-            "save preset": lambda: self.save_settings(self.w["preset"].value),
-            "load preset": lambda: self.load_settings(self.w["preset"].value),
-            "add images": lambda: self.add_images(self.w["upload"].value, self.w["caption"].value),
-            "compare": lambda: self.compare(list(self.w["runs"].value) or None)}
-    buttons = [W.Button(description=k) for k in acts]
-    for b in buttons: b.on_click(lambda btn: self._act(acts[btn.description]))
-    train = W.VBox([*(self.w[k] for k in ("name", *_WIDGET_KEYS, "extra", "preset")),
-                    W.HBox(buttons[:4]), W.HBox(buttons[4:6]), self.status, self.curve])
-    data = W.VBox([self.w["upload"], self.w["caption"], buttons[6]])
-    cmp_ = W.VBox([self.w["runs"], buttons[7], self.table, self.cmp_img])
-    self.ui = W.Tab(children=[train, data, cmp_], titles=("train", "images", "compare"))
-    display(self.ui)
-
-# %% ../nbs/73_flux_lora.ipynb #2f91a613
-@patch_to(FluxLoRADashboard)
-def _act(self, fn):
-    try: fn()
-    except Exception as e: self._say(f"<b>error</b>: {type(e).__name__}: {e}")
-    self.w["runs"].options = self.runs()
+def __getattr__(name: str):
+    "The dashboard's names, from `course_lib.flux_dashboard` (which imports this module)."
+    if name in _IN_DASHBOARD:
+        import course_lib.flux_dashboard as dashboard
+        return getattr(dashboard, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # %% ../nbs/73_flux_lora.ipynb #9903014b
 from .exercises_core import Case, check, register_solution
