@@ -139,8 +139,12 @@ def _function_text(fn) -> str:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
         return ast.dump(_strip_docstrings(tree))
     except (OSError, TypeError, SyntaxError):          # no source (e.g. exec'd code): the bytecode
-        code = fn.__code__
-        return repr((code.co_code, code.co_consts, code.co_names))
+        return _code_text(fn.__code__)
+
+def _code_text(code) -> str:
+    "A code object's bytecode, constants and names; nested code objects (comprehensions) likewise."
+    consts = [_code_text(c) if inspect.iscode(c) else repr(c) for c in code.co_consts]
+    return repr((code.co_code, consts, code.co_names))
 
 
 # %% ../nbs/07_cache.ipynb #dd8ecf08
@@ -205,12 +209,14 @@ def record_cached(path: str | os.PathLike, key: str, code: str, **info) -> None:
 
 
 # %% ../nbs/07_cache.ipynb #8afe3a13
-def check_cached(path: str | os.PathLike, key: str, code: str, retrain: str) -> bool:
+def check_cached(path: str | os.PathLike, key: str, code: str, retrain: str,
+                 stacklevel: int = 3) -> bool:
     """Call on a cache hit of `path`. Returns True when the record's code fingerprint is `code`;
     otherwise warns with a `StaleCacheWarning` naming the artefact, the date it was made and
     `retrain` (how to train it again with the current code), and returns False. With no record (a
     model restored from the package, or a cache from before records), writes one for `code` and
-    returns True."""
+    returns True. A model restored from the package comes with the record of the code it was
+    trained by, so a learner's edited trainer is caught on the first load too."""
     rp = cache_record_path(path)
     try:
         rec = json.loads(rp.read_text())
@@ -221,10 +227,11 @@ def check_cached(path: str | os.PathLike, key: str, code: str, retrain: str) -> 
         return True
     import warnings
     warnings.warn(StaleCacheWarning(
-        f"{Path(path).name}: the training code has changed since this cached model was made "
+        f"{Path(path).parent.name}/{Path(path).name}: the training code has changed since this "
+        "cached model was made "
         f"({rec.get('created', '?')}, code {rec.get('code')}, now {code}). "
         "The cached model is returned. "
-        f"To train one with the current code: {retrain}"), stacklevel=3)
+        f"To train one with the current code: {retrain}"), stacklevel=stacklevel)
     return False
 
 
@@ -245,7 +252,7 @@ def cached(path: str | os.PathLike, key: str, code: str, retrain: bool = False, 
             restore_pretrained(path)
         hit = path.exists() and not retrain
         if hit:
-            check_cached(path, key, code, how)
+            check_cached(path, key, code, how, stacklevel=5)   # the loader's caller
         yield hit
         if not hit and path.exists():
             record_cached(path, key, code, source="trained")

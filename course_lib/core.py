@@ -129,6 +129,9 @@ def restore_pretrained(path: str | os.PathLike) -> bool:
     else:
         shutil.copyfile(src, tmp)
     os.replace(tmp, path)
+    record = src.with_name(src.name + ".cache.json")   # the code that trained it (course_lib.cache)
+    if record.is_file():
+        shutil.copyfile(record, path.with_name(path.name + ".cache.json"))
     return True
 
 # %% ../nbs/00_core.ipynb #b9b5a350

@@ -158,15 +158,25 @@ def default_dataset(config: DDPMConfig):
     `Digits('train', size=image_size, channels=channels, classes=classes)`."""
     return Digits("train", size=config.image_size, channels=config.channels, classes=config.classes)
 
+# %% ../nbs/11_ddpm_training.ipynb #93eb60c7
 def _dataset_tensors(dataset, config: DDPMConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """All images `(N, C, H, W)` float32 and labels `(N,)` (or None) of `dataset`, checked against
-    `config`."""
+    `config`. Raises `ValueError` for a path or for items that are not tensors (PIL images): wrap
+    those in `course_lib.data.ImageFolder`."""
+    if isinstance(dataset, (str, os.PathLike)):
+        raise ValueError(f"dataset is a path ({str(dataset)!r}): give the images, e.g. "
+                         f"ImageFolder({str(dataset)!r}, size={config.image_size}, "
+                         f"channels={config.channels}) from course_lib.data")
     if hasattr(dataset, "images"):
         x, y = dataset.images, getattr(dataset, "labels", None)
     elif isinstance(dataset, torch.Tensor):
         x, y = dataset, None
     else:
         items = [dataset[i] for i in range(len(dataset))]
+        first = items[0][0] if isinstance(items[0], (tuple, list)) else items[0]
+        if hasattr(first, "getpixel"):                 # PIL images
+            raise ValueError("dataset items are PIL images, not tensors: save them in a folder and "
+                             "use course_lib.data.ImageFolder, or give a tensor")
         if isinstance(items[0], (tuple, list)):
             x = torch.stack([torch.as_tensor(a[0]) for a in items])
             y = torch.tensor([int(a[1]) for a in items])

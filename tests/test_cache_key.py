@@ -163,3 +163,50 @@ def test_check_cached_records(tmp_path):
         assert not check_cached(art, "k", "code2", "load_x(retrain=True)")
     record_cached(art, "k", "code2")
     assert check_cached(art, "k", "code2", "retrain=True")
+
+
+def test_fingerprint_of_exec_code_with_comprehensions_is_stable():
+    "Code without source (exec, python -c) is hashed by its bytecode, nested code objects included, not by repr."
+    def make(src):
+        ns = {"__name__": "__main__"}
+        exec(compile(src, "<cell>", "exec"), ns)
+        return ns["f"]
+    src = "def f(x):\n    return sum(v for v in x) + len([v for v in x])\n"
+    assert code_fingerprint(make(src)) == code_fingerprint(make(src))
+    assert code_fingerprint(make(src)) != code_fingerprint(make(src.replace("+ len", "- len")))
+
+
+def test_edited_trainer_warns_on_the_first_load_of_a_shipped_model(tmp_path, monkeypatch):
+    "An empty cache (a new Colab session): the shipped model's record names the course's code, not the edit."
+    from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("COURSE_LIB_NO_PRETRAINED", raising=False)
+    g = load_pretrained_ddpm.__globals__
+    ns = {"__name__": "__main__", "_orig": g["train_ddpm"]}
+    exec("def train_ddpm(*args, **kw):\n    print('my edit')\n    return _orig(*args, **kw)\n", ns)
+    monkeypatch.setitem(g, "train_ddpm", ns["train_ddpm"])
+    with pytest.warns(StaleCacheWarning, match=r"761a98acc20a/ema.safetensors: the training code has changed"):
+        load_pretrained_ddpm(DDPMConfig.quick(), progress=False)
+
+
+def test_the_warning_points_at_the_callers_line(home):
+    "The warning names the learner's line, not contextlib's."
+    from course_lib.ddpm import load_pretrained_ddpm
+    cfg = tiny_ddpm()
+    load_pretrained_ddpm(cfg, progress=False)
+    core.record_cached(core.cache_record_path.__globals__["Path"](
+        load_pretrained_ddpm.__globals__["cache_dir"]("models", "ddpm", cfg.key()) / "ema.safetensors"),
+        cfg.key(), "other-code")
+    with pytest.warns(StaleCacheWarning) as w:
+        load_pretrained_ddpm(cfg, progress=False)
+    assert w[0].filename == __file__
+
+
+@pytest.mark.parametrize("bad", ["folder", "pil"])
+def test_paths_and_pil_images_are_refused_with_the_way_out(home, tmp_path, bad):
+    "The key accepts any data; the trainer names what to do with data it cannot take (was a raw TypeError)."
+    from PIL import Image
+    from course_lib.ddpm import load_pretrained_ddpm
+    data = tmp_path if bad == "folder" else [Image.new("L", (8, 8)) for _ in range(4)]
+    with pytest.raises(ValueError, match="ImageFolder"):
+        load_pretrained_ddpm(tiny_ddpm(), dataset=data, progress=False)

@@ -123,3 +123,21 @@ def test_the_judge_retrained_from_its_provenance_reaches_its_figure(tmp_path, mo
     # the same seed on a CPU gives the same accuracy to the image on this machine; 0.01 (2 of 359 images) leaves
     # room for another CPU's kernels
     assert abs(clf.valid_acc - entry["figures"]["valid_acc"]) <= 0.01
+
+
+def test_shipped_records_name_the_current_training_code():
+    """Each shipped model carries the fingerprint of the code that trained it (so a learner's edited trainer is
+    caught on the first load of a shipped copy); it must be the library's training code now."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    from ship_pretrained import trainer_fingerprint
+    for rel, m in PROV["models"].items():
+        code = trainer_fingerprint(m["kind"])
+        if code is None: continue
+        record = pretrained_dir() / (rel + ".cache.json")
+        assert record.is_file(), f"{record} is missing: run `python tools/ship_pretrained.py --restamp`"
+        shipped = json.loads(record.read_text())["code"]
+        assert shipped == code, (
+            f"{rel}: the training code ({m['kind']}) has changed since the shipped model was trained "
+            f"(recorded {shipped}, now {code}): retrain it (tools/ship_pretrained.py --only {m['kind']}), "
+            "or run `python tools/ship_pretrained.py --restamp` if the change trains the same model")

@@ -3,6 +3,12 @@
     COURSE_LIB_HOME=/tmp/ship python tools/ship_pretrained.py            # train what is missing there, then copy
     COURSE_LIB_HOME=/tmp/ship python tools/ship_pretrained.py --only classifier ddpm
     python tools/ship_pretrained.py --rekey      # after a change of cache keys only: rename, no training
+    python tools/ship_pretrained.py --restamp    # after a change of training code that trains the same
+
+Each shipped model has a record `<file>.cache.json` beside it (`course_lib.cache`) with the fingerprint of the
+code that trained it; `restore_pretrained` copies it into the cache, so a learner who edits a trainer is warned
+(`StaleCacheWarning`) on the first load. `tests/test_pretrained.py` fails when the library's training code no
+longer has the recorded fingerprint: retrain (the command above), or `--restamp` when the change trains the same.
 
 Each model is trained by the library's own loader (so its cache key is the one the lessons ask for) in the
 course cache named by COURSE_LIB_HOME, then copied to `course_lib/pretrained/<its path in the cache>`, where
@@ -77,6 +83,33 @@ def cache_path(kind: str, config: dict) -> str:
     raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
 
 
+TRAINERS = {"classifier": ("course_lib.classifier", "train_digits_classifier"),
+            "ddpm": ("course_lib.ddpm_training", "train_ddpm"), "base": ("course_lib.ddpm_training", "train_ddpm"),
+            "ddpm-quick": ("course_lib.ddpm_training", "train_ddpm"),
+            "base-quick": ("course_lib.ddpm_training", "train_ddpm"), "gpt2": ("course_lib.lm", "train_tiny_gpt2")}
+
+
+def trainer_fingerprint(kind: str) -> str | None:
+    "The code fingerprint the loader of `kind` records (None: its loader keeps no record)."
+    import importlib
+    from course_lib.cache import code_fingerprint
+    if kind not in TRAINERS: return None
+    mod, name = TRAINERS[kind]
+    return code_fingerprint(getattr(importlib.import_module(mod), name))
+
+
+def restamp(dest: Path, prov: dict) -> None:
+    "Write each shipped model's record with the current training code's fingerprint."
+    from course_lib.cache import record_cached
+    for rel, m in prov["models"].items():
+        code = trainer_fingerprint(m["kind"])
+        if code is None: continue
+        path = dest / rel
+        key = path.parent.name if path.name == "ema.safetensors" else path.stem.replace("tiny-gpt2-", "")
+        record_cached(path, key, code, source="shipped")
+        print(f"{m['kind']}: {rel} recorded with code {code}")
+
+
 def rekey(dest: Path, prov: dict) -> None:
     """Move each shipped model to the path the current cache keys give it, without training: for a change of
     the key's form only (the config, the data and the code version the model was trained with are unchanged)."""
@@ -109,8 +142,12 @@ def main(argv=None) -> int:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     a.add_argument("--only", nargs="+", choices=MODELS, default=list(MODELS))
     a.add_argument("--rekey", action="store_true", help="move shipped models to their current cache keys")
+    a.add_argument("--restamp", action="store_true", help="record the current training code's fingerprint")
     args = a.parse_args(argv)
     dest = ROOT / "course_lib" / "pretrained"
+    if args.restamp:
+        restamp(dest, json.loads((dest / "provenance.json").read_text()))
+        return 0
     if args.rekey:
         prov_path = dest / "provenance.json"
         prov = json.loads(prov_path.read_text())
@@ -141,6 +178,7 @@ def main(argv=None) -> int:
             print(f"{kind}: {rel} ({sum(p.stat().st_size for p in files_of(target)) / 1e6:.2f} MB) "
                   f"{art['figures']}")
         print(f"{kind}: {time.time() - t0:.0f} s")
+    restamp(dest, prov)
     prov["total_bytes"] = sum(f["bytes"] for m in prov["models"].values() for f in m["files"].values())
     prov_path.write_text(json.dumps(prov, indent=1, sort_keys=True, default=str) + "\n")
     print(f"{len(prov['models'])} models, {prov['total_bytes'] / 1e6:.1f} MB in {dest}")
