@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import course_lib.classifier, course_lib.ddpm_training, course_lib.lm, course_lib.vision_transfer
+import course_lib.ddpm, course_lib.lora_train   # imported before a test patches a trainer (they bind its names)
 from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
 
 ROOT = Path(__file__).resolve().parent.parent
