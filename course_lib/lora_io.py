@@ -24,8 +24,8 @@ _all_ = ["active_adapters", "merge_adapters", "remove_adapter", "unmerge_adapter
 
 # %% auto #0
 __all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'save_adapter', 'foreign_layout', 'read_adapter',
-           'load_adapter', 'train_adapter', 'load_or_train_adapter', 'adapter_gallery', 'lora_main', 'active_adapters',
-           'merge_adapters', 'remove_adapter', 'unmerge_adapters']
+           'load_adapter', 'train_adapter', 'adapter_path', 'adapter_is_cached', 'load_or_train_adapter',
+           'adapter_gallery', 'lora_main', 'active_adapters', 'merge_adapters', 'remove_adapter', 'unmerge_adapters']
 
 # %% ../nbs/43_lora_export.ipynb #719097a5
 ADAPTER_FORMAT = "course_lib.lora/1"
@@ -249,24 +249,37 @@ def train_adapter(base: nn.Module, folder: str | os.PathLike, out: str | os.Path
                         trigger=trigger, training_config=training, dataset=ds.summary())
 
 # %% ../nbs/43_lora_export.ipynb #4228b720
-def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
-                          n_images: int = 40, progress: bool = False) -> Path:
-    """The adapter file for `kind` ('concept': real nines behind the trigger, 'bold': bold-stroke
-    style) trained on `base` with `config`, from `cache_dir('lora', 'adapters')` or trained there
-    (file lock against concurrent runs). The images are written at the base's own resolution (no
-    resampling: see notebook 42)."""
-    from filelock import FileLock
+def adapter_path(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
+                 n_images: int = 40) -> Path:
+    """Where `load_or_train_adapter(kind, base, config, n_images)` keeps its file in the course
+    cache: a key of the base's weights, the kind, the image count and size, and the training
+    settings. Raises `ValueError` for a `kind` other than 'concept' or 'bold'."""
+    from course_lib.cache import cache_key
     if kind not in ("concept", "bold"):
         raise ValueError(f"unknown adapter kind {kind!r}; choose 'concept' or 'bold'")
     cfg = config or LoRATrainConfig(adapter_name=kind)
-    px = base.ddpm_config.image_size
-    from course_lib.cache import cache_key
-    setting = {"base": base_fingerprint(base), "kind": kind, "n_images": n_images, "pixels": px,
-               "train": cfg.to_dict()}
+    setting = {"base": base_fingerprint(base), "kind": kind, "n_images": n_images,
+               "pixels": base.ddpm_config.image_size, "train": cfg.to_dict()}
     key = cache_key("lora_adapter", setting, code_version=1)
-    folder = cache_dir("lora", "adapters")
-    path = folder/f"{kind}-{key}.safetensors"
-    with FileLock(str(folder/f"{kind}-{key}.lock")):
+    return cache_dir("lora", "adapters")/f"{kind}-{key}.safetensors"
+
+def adapter_is_cached(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
+                      n_images: int = 40) -> bool:
+    "True when `load_or_train_adapter` with these arguments loads the file instead of training."
+    return adapter_path(kind, base, config, n_images).is_file()
+
+# %% ../nbs/43_lora_export.ipynb #9ad28a49
+def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
+                          n_images: int = 40, progress: bool = False) -> Path:
+    """The adapter file for `kind` ('concept': real nines behind the trigger, 'bold': bold-stroke
+    style) trained on `base` with `config`, from `cache_dir('lora', 'adapters')` (`adapter_path`)
+    or trained there (file lock against concurrent runs). The images are written at the base's own
+    resolution (no resampling: see notebook 42)."""
+    from filelock import FileLock
+    cfg = config or LoRATrainConfig(adapter_name=kind)
+    path = adapter_path(kind, base, cfg, n_images)
+    px = base.ddpm_config.image_size
+    with FileLock(str(path.with_suffix(".lock"))):
         if not path.is_file():
             import tempfile as _tf, shutil as _sh
             tmp = Path(_tf.mkdtemp(prefix="lora_data_"))
