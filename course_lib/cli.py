@@ -14,7 +14,8 @@ from .units import (
     PROFILES, KINDS, KERNEL_NAME, SKIP_FLAGS, project_root, Unit,
     load_unit, load_units, find_unit, MissingExtra, import_extra, current_kernelspec_dir,
     notebook_parameters, cell_flags, unavailable_flags, drop_flagged_cells, NotebookFailed,
-    run_notebook, check_profiles, results_table, run_units, is_notebook_name, find_notebook)
+    run_notebook, check_profiles, results_table, run_units, is_notebook_name, find_notebook,
+    readme_regions, render_readme, write_figures, hand_typed_figures)
 
 # %% auto #0
 __all__ = ['DOCTOR_PACKAGES', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'README_HEAD', 'USER_ERRORS',
@@ -247,7 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("freeze", help="execute a notebook (quick) and keep only checked outputs")
     f.add_argument("notebooks", nargs="+", type=Path)
     f.add_argument("--profile", choices=PROFILES, default="quick")
-    sub.add_parser("readme", help="regenerate README.md from nbs/index.ipynb")
+    rd = sub.add_parser("readme", help="regenerate README.md from nbs/index.ipynb; with a unit, "
+                        "its table of figures from a recorded run")
+    rd.add_argument("unit", nargs="?", help="a unit (or 'all'): render its README's figures")
+    rd.add_argument("--results", type=Path, help="results.json (or folder) of a `course run`")
+    for k in ("profile", "date", "machine"):
+        rd.add_argument(f"--{k}", help=f"the run's {k}, when its run.json lacks it",
+                        choices=PROFILES if k == "profile" else None)
+    rd.add_argument("--check", action="store_true", help="change nothing; exit 1 when a README "
+                    "differs from its stored results or types a figure by hand")
     for k, v in PLUGINS.items():
         sub.add_parser(k, help=v[2], add_help=False)
     return p
@@ -297,6 +306,48 @@ def _freeze(a) -> int:
             return 1
     return 0
 
+# %% ../nbs/90_cli.ipynb #b047a544
+def _check_figures(chosen: list[Unit]) -> int:
+    "`course readme UNIT --check`: 1 (and what) when a README's figures are not its stored results."
+    bad = []
+    for u in chosen:
+        readme = u.path/"README.md"
+        text = readme.read_text() if readme.is_file() else ""
+        if text and render_readme(u, text) != text:
+            bad.append(f"{readme}: its figures differ from the stored results "
+                       f"(run `course readme {u.slug}`)")
+        bad += [f"{readme}: a figure typed by hand: {row}" for row in hand_typed_figures(u, text)]
+    print("\n".join(bad) or "every README shows its stored results",
+          file=sys.stderr if bad else sys.stdout)
+    return 1 if bad else 0
+
+def _readme(a, root: Path, units: list[Unit]) -> int:
+    "`course readme [UNIT|all] [--results PATH] [--check]`."
+    if a.unit is None:
+        if a.results or a.check:
+            print("course readme: --results and --check need a unit", file=sys.stderr)
+            return 2
+        print(f"wrote {write_readme(root)}")
+        return 0
+    try:
+        chosen = units if a.unit == "all" else [find_unit(a.unit, units)]
+    except KeyError as e:
+        print(f"course readme: {e.args[0]}", file=sys.stderr)
+        return 2
+    if a.check:
+        return _check_figures(chosen)
+    if a.results is not None and len(chosen) > 1:
+        print("course readme: --results is the run of one unit: name the unit", file=sys.stderr)
+        return 2
+    for u in chosen:
+        has = (u.path/"README.md").is_file() and readme_regions((u.path/"README.md").read_text())
+        if a.results is not None or has:
+            readme = write_figures(u, a.results, profile=a.profile, date=a.date,
+                                   machine=a.machine)
+            print(f"wrote {readme}")
+    return 0
+
+
 # %% ../nbs/90_cli.ipynb #ee3cbbd4
 def _parse(argv: list[str]):
     "`(parser, arguments)`, or `(None, exit code)` when argparse stopped (help, a bad argument)."
@@ -338,8 +389,7 @@ def _dispatch(argv: list[str]) -> int:
     if a.cmd == "freeze":
         return _freeze(a)
     if a.cmd == "readme":
-        print(f"wrote {write_readme(root)}")
-        return 0
+        return _readme(a, root, units)
     return 2
 
 # %% ../nbs/90_cli.ipynb #bfc7904b

@@ -14,7 +14,9 @@ __all__ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exer
            'check_caption_path', 'check_assign_bucket', 'check_trainable_share', 'check_freeze_except_lora',
            'check_lora_blend', 'check_lora_unmerge', 'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups',
            'check_ncm_predict', 'check_tta_probs', 'check_quantize_int8', 'check_split_by_subset', 'check_subset_bytes',
-           'check_bpb', 'check_zlib_bpb', 'check_bpb_per_subset', 'check_gpt2_params']
+           'check_bpb', 'check_zlib_bpb', 'check_bpb_per_subset', 'check_gpt2_params', 'check_cfg_combine',
+           'check_drop_labels', 'check_flow_target', 'check_flow_euler_step', 'check_flux_pack_latents',
+           'check_digit_slant', 'check_flux_lora_update', 'check_svd_rank']
 
 # %% ../nbs/04_exercises.ipynb #c1547151
 from .exercises_core import (
@@ -39,6 +41,10 @@ from .exercises_finetune import (
 from .exercises_pile import (
     check_bpb, check_bpb_per_subset,
     check_gpt2_params, check_split_by_subset, check_subset_bytes, check_zlib_bpb)
+from .exercises_flow import (
+    check_cfg_combine, check_drop_labels, check_flow_euler_step, check_flow_target)
+from .flux_parts import check_digit_slant, check_flux_pack_latents
+from .flux_lora import check_flux_lora_update, check_svd_rank
 
 # %% ../nbs/04_exercises.ipynb #102a2a10
 _all_ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exercises', 'solutions',
@@ -55,7 +61,9 @@ _all_ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exerci
          'check_lora_unmerge', 'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups',
          'check_ncm_predict', 'check_tta_probs', 'check_quantize_int8', 'check_split_by_subset',
          'check_subset_bytes', 'check_bpb', 'check_zlib_bpb', 'check_bpb_per_subset',
-         'check_gpt2_params']
+         'check_gpt2_params', 'check_cfg_combine', 'check_drop_labels', 'check_flow_target',
+         'check_flow_euler_step', 'check_flux_pack_latents', 'check_digit_slant',
+         'check_flux_lora_update', 'check_svd_rank']
 
 # %% ../nbs/04_exercises.ipynb #567fcab3
 def __getattr__(name: str):

@@ -19,14 +19,13 @@ from .data import Digits
 from .flow import FlowConfig, train_flow
 from .flux_parts import (
     DIGIT_NAMES, PROPERTY_SIZE, SLANT_WORDS, SPECIAL_TOKENS, THICKNESS_WORDS, TRIGGER_WORDS, VOCAB,
-    _ref_digit_slant, _ref_flux_pack_latents, caption_digits, check_digit_slant,
-    check_flux_pack_latents, ink_mass, make_tokenizer, property_thresholds, slant)
+    caption_digits, check_digit_slant, check_flux_pack_latents, ink_mass, make_tokenizer,
+    property_thresholds, slant)
 from .guidance import check_guidance_scale, mean_se
 
 _all_ = ['DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SPECIAL_TOKENS',
          'TRIGGER_WORDS', 'VOCAB', 'ink_mass', 'slant', 'property_thresholds', 'caption_digits',
-         'make_tokenizer', 'check_flux_pack_latents', 'check_digit_slant', '_ref_flux_pack_latents',
-         '_ref_digit_slant']
+         'make_tokenizer', 'check_flux_pack_latents', 'check_digit_slant']
 
 
 # %% auto #0
@@ -36,6 +35,12 @@ __all__ = ['FluxMiniConfig', 'make_flux_pipeline', 'pack_latents', 'unpack_laten
            'DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SPECIAL_TOKENS', 'TRIGGER_WORDS', 'VOCAB',
            'ink_mass', 'slant', 'property_thresholds', 'caption_digits', 'make_tokenizer', 'check_flux_pack_latents',
            'check_digit_slant', '_ref_flux_pack_latents', '_ref_digit_slant']
+
+# %% ../nbs/72_flux_mini.ipynb #aa99cae3
+# the reference solutions, for `from course_lib.flux import _ref_digit_slant` (kept off the page)
+from .flux_parts import _ref_digit_slant, _ref_flux_pack_latents
+
+_all_ = ['_ref_flux_pack_latents', '_ref_digit_slant']
 
 # %% ../nbs/72_flux_mini.ipynb #94b32b5a
 @dataclass

@@ -15,7 +15,8 @@ from .core import restore_pretrained, grad_enabled, cache_dir, seed_everything
 from .pile import mini_pile, read_jsonl_zst
 
 # %% auto #0
-__all__ = ['EOT', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'train_tiny_gpt2', 'tiny_gpt2']
+__all__ = ['EOT', 'EVAL_POINTS', 'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'eval_steps',
+           'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2']
 
 # %% ../nbs/62_tiny_gpt2.ipynb #12c926c5
 EOT = "<|endoftext|>"
@@ -74,35 +75,58 @@ def token_blocks(tokenizer, texts: Iterable[str], block: int) -> torch.Tensor:
         raise ValueError(f"only {len(ids)} tokens of training text: need at least {block + 1}")
     return torch.tensor(ids[: n * (block + 1)]).view(n, block + 1)
 
-# %% ../nbs/62_tiny_gpt2.ipynb #3e5306e6
-@grad_enabled
-def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None,
-                    progress: bool = False):
-    """A byte-level BPE tokenizer and a `GPT2LMHeadModel` (cfg sizes) trained on `texts`, through
-    `accelerate` (CPU, GPU or processes): `(model, tokenizer, {'loss': [per-step NLL, nats]})`."""
-    from accelerate import Accelerator
-    from tqdm.auto import tqdm
-    from transformers import GPT2Config, GPT2LMHeadModel
-    g = seed_everything(cfg.seed)
-    tok = train_bpe_tokenizer(texts, cfg.vocab_size)
-    data = token_blocks(tok, texts, cfg.n_positions)                               # (N, T + 1)
-    mcfg = GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions, n_embd=cfg.n_embd,
-        n_layer=cfg.n_layer, n_head=cfg.n_head, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = GPT2LMHeadModel(mcfg)
+# %% ../nbs/62_tiny_gpt2.ipynb #93431f88
+EVAL_POINTS = 8   # held-out checkpoints of a run
+EVAL_DOCS = 6     # validation documents a subset, at each checkpoint
+
+def eval_steps(steps: int, points: int) -> list[int]:
+    "`points` steps, each twice the one before, ending at `steps` (where the run is evaluated)."
+    return sorted({max(1, round(steps / 2 ** k)) for k in range(points)}) if points > 0 else []
+
+def eval_documents(records: Iterable[dict], per_subset: int) -> list[dict]:
+    "The first `per_subset` records of each mini-Pile subset, subset after subset."
+    from course_lib.pile import MINI_PILE_SUBSETS, pile_set_name
+    records = list(records)
+    return [r for s in MINI_PILE_SUBSETS
+            for r in [x for x in records if pile_set_name(x) == s][:per_subset]]
+
+def _optimizer(model, cfg: TinyGPTConfig):
+    "AdamW (no weight decay on biases and gains), linear warm-up then cosine decay to zero."
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup)
         * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
+    return opt, sched
+
+
+# %% ../nbs/62_tiny_gpt2.ipynb #3e5306e6
+@grad_enabled
+def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None,
+                    progress: bool = False, eval_docs: list[dict] | None = None,
+                    eval_points: int = EVAL_POINTS):
+    """A byte-level BPE tokenizer and a `GPT2LMHeadModel` (cfg sizes) trained on `texts`, through
+    `accelerate` (CPU, GPU or processes): `(model, tokenizer, history)`, `history` with the per-step
+    NLL (nats) `loss`, `cpu_seconds`, and `eval`: BPB of `eval_docs` at `eval_steps`."""
+    import time
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from course_lib.bpb import bpb
+    g = seed_everything(cfg.seed)
+    tok = train_bpe_tokenizer(texts, cfg.vocab_size)
+    data = token_blocks(tok, texts, cfg.n_positions)                               # (N, T + 1)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions,
+        n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
     acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
-    model, opt, sched = acc.prepare(model, opt, sched)
-    model.train()
-    hist = {"loss": []}
+    model, opt, sched = acc.prepare(model, *_optimizer(model, cfg))
+    at = set(eval_steps(cfg.steps, eval_points)) if eval_docs else set()
+    hist, c0 = {"loss": [], "eval": []}, time.process_time()
     for step in tqdm(range(cfg.steps), disable=not progress, desc="training"):
-        idx = torch.randint(0, len(data), (cfg.batch_size,), generator=g)
-        xb = data[idx].to(acc.device)                                               # (B, T + 1)
+        model.train()
+        xb = data[torch.randint(0, len(data), (cfg.batch_size,), generator=g)].to(acc.device)
         logits = model(xb[:, :-1]).logits                                           # (B, T, V)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), xb[:, 1:].flatten())
         acc.backward(loss)
@@ -111,8 +135,13 @@ def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), acce
         sched.step()
         opt.zero_grad(set_to_none=True)
         hist["loss"].append(loss.item())
-    model = acc.unwrap_model(model).eval()
-    return model, tok, hist
+        if step + 1 in at:                  # held-out BPB of this checkpoint
+            r = bpb(acc.unwrap_model(model), tok, eval_docs, cfg.n_positions, accelerator=acc)
+            n = (step + 1) * cfg.batch_size * cfg.n_positions
+            hist["eval"].append({"step": step + 1, "bpb": r.overall.bpb, "tokens": n})
+    hist["cpu_seconds"] = time.process_time() - c0
+    return acc.unwrap_model(model).eval(), tok, hist
+
 
 # %% ../nbs/62_tiny_gpt2.ipynb #118aa6f5
 def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retrain: bool = False):
@@ -128,12 +157,14 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
     with FileLock(str(d) + ".lock"):
         if not retrain: restore_pretrained(d)             # a copy shipped with the package, if any
         if retrain or not (d/"config.json").is_file():
-            texts = [r["text"] for r in read_jsonl_zst(mini_pile(cfg.max_mb_per_subset)["train"])]
-            model, tok, hist = train_tiny_gpt2(texts, cfg, progress=progress)
+            paths = mini_pile(cfg.max_mb_per_subset)
+            texts = [r["text"] for r in read_jsonl_zst(paths["train"])]
+            held_out = eval_documents(read_jsonl_zst(paths["val"]), EVAL_DOCS)
+            model, tok, hist = train_tiny_gpt2(texts, cfg, progress=progress, eval_docs=held_out)
             tmp = Path(tempfile.mkdtemp(prefix=".tiny-gpt2-", dir=d.parent))
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
-            info = {"config": asdict(cfg), "loss": hist["loss"]}
+            info = {"config": asdict(cfg), **hist}
             (tmp/"course_lib.json").write_text(json.dumps(info))
             if d.exists(): shutil.rmtree(d)
             os.replace(tmp, d)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tomllib
 
-from .units import PROFILES, Unit, cell_flags
+from .units import PROFILES, Unit, cell_flags, stamp_matches
 
 # %% auto #0
 __all__ = ['COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'executed_matches', 'find_executed',
@@ -58,7 +58,8 @@ def executed_matches(executed: dict, source: dict) -> bool:
 
 # %% ../nbs/06_site_pages.ipynb #61a7ecae
 def find_executed(unit: Unit, nb: Path, profile: str, dirs: list[Path]) -> Path | None:
-    """An executed copy of notebook `nb` of `unit` that is up to date (see `executed_matches`),
+    """An executed copy of notebook `nb` of `unit` that is up to date (`executed_matches`, and its
+    stamp: the notebook, `profile`'s parameters and the code as they are now: `stamp_matches`),
     searched in `dir/<unit folder>/<name>` for each of `dirs` in order, then in `runs/*-<profile>/`
     of the repository (the newest first). None when there is none."""
     cands = [Path(d)/unit.name/nb.name for d in dirs]
@@ -70,12 +71,15 @@ def find_executed(unit: Unit, nb: Path, profile: str, dirs: list[Path]) -> Path 
         source = json.loads(nb.read_text())
     except (OSError, ValueError):
         return None
+    params = unit.params(nb, profile)
     for p in cands:
         try:
             executed = json.loads(p.read_text()) if p.is_file() else None
         except (OSError, ValueError):
             executed = None
-        if executed is not None and executed_matches(executed, source):
+        if executed is None or not executed_matches(executed, source):
+            continue
+        if stamp_matches(executed, nb, profile, params):
             return p
     return None
 

@@ -1,6 +1,8 @@
 """course_lib.exercises: every checker passes its reference, catches a typical mistake and names it, and says
 "not done yet" (without raising) for an unfinished stub."""
 import math
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -119,6 +121,19 @@ def _mean_of_docs(ds):
 
 MISTAKES["bpb_per_subset"] = (_mean_of_docs, "averaging per-document")
 
+# unit 7 (guidance, flow matching, FLUX in miniature and its LoRA): checkers in exercises_flow, flux_parts, flux_lora
+MISTAKES.update({
+    "cfg_combine": (lambda c, u, w: c + w * (u - c), "swapping cond and uncond"),
+    "drop_labels": (lambda y, d, n: torch.where(d, torch.zeros_like(y), y), "using 0 as the null class"),
+    "flow_target": (lambda x0, e, t: (E._ref_flow_target(x0, e, t)[0], x0 - e), "wrong sign"),
+    "flow_euler_step": (lambda v, t, tn, x: x + (t - tn) * v, "wrong sign"),
+    "flux_pack_latents": (lambda z: z.flatten(2).transpose(1, 2).reshape(z.shape[0], -1, 4 * z.shape[1]),
+                          "flattening pixels, not 2x2 patches"),
+    "digit_slant": (lambda x: -E._ref_digit_slant(x), "the sign flipped"),
+    "flux_lora_update": (lambda x, W, b, A, B, a: x @ W.T + b + x @ A.T @ B.T, "forgetting the scale alpha / r"),
+    "svd_rank": (lambda A, B, s, k: E._ref_svd_rank(A, B, 1.0, k), "forgetting the scale"),
+})
+
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))
 def test_typical_mistake_is_caught_and_named(name, capsys):
@@ -133,6 +148,24 @@ def test_facade_lists_every_checker_and_the_machinery():
     checkers = {n for n in dir(E) if n.startswith("check_")}
     assert checkers <= set(E.__all__), checkers - set(E.__all__)
     assert {"check", "check_value", "show_solution", "exercises", "register_solution", "solutions"} <= set(E.__all__)
+
+
+UNIT7 = ("cfg_combine", "drop_labels", "flow_target", "flow_euler_step", "flux_pack_latents", "digit_slant",
+         "flux_lora_update", "svd_rank")
+
+
+def test_unit7_checkers_and_solutions_come_from_the_facade_alone():
+    "In a fresh interpreter, `course_lib.exercises` alone gives unit 7's checkers and `show_solution` knows them."
+    code = ("from course_lib.exercises import show_solution, exercises\n"
+            f"from course_lib.exercises import {', '.join('check_' + n for n in UNIT7)}\n"
+            f"for n in {UNIT7!r}:\n    show_solution(n)\n"
+            "print('listed', sorted(set(exercises()) & set(" + repr(UNIT7) + ")))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for n in UNIT7:
+        assert f"def _ref_{n}(" in r.stdout, (n, r.stdout[-2000:])
+    assert f"listed {sorted(UNIT7)}" in r.stdout, r.stdout[-500:]
+    assert {f"check_{n}" for n in UNIT7} <= set(E.__all__), set(E.__all__)
 
 
 def test_show_solution_prints_the_reference_without_its_decorator(capsys):

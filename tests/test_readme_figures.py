@@ -1,0 +1,122 @@
+"""A unit README's figures come from a recorded run: `course readme UNIT --results PATH` stores the run
+(units/NN_unit/results-PROFILE.json) and renders the table between markers; the README must equal what its stored
+results render to, and no figure is typed into a table by hand."""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.units import (load_units, recorded_run, readme_regions, render_readme, hand_typed_figures,
+                              format_value, write_figures, stored_results)
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = [u for u in load_units(ROOT) if not u.is_library]
+
+
+def course(*args, env=None):
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())", *args],
+                          capture_output=True, text=True, env=env or os.environ.copy(), cwd=ROOT, timeout=600)
+
+
+@pytest.mark.parametrize("unit", LESSONS, ids=lambda u: u.name)
+def test_readme_figures_are_its_stored_results(unit):
+    text = (unit.path / "README.md").read_text()
+    regions = readme_regions(text)
+    assert regions, (f"{unit.path / 'README.md'} has no table of figures rendered from a recorded run: "
+                     f"`course run {unit.slug}` then `course readme {unit.slug} --results runs/{unit.slug}-PROFILE`")
+    for _, _, name in regions:
+        stored = json.loads((unit.path / name).read_text())
+        assert stored["profile"] in name and stored["date"] and stored["machine"], (name, stored.keys())
+        assert set(stored["notebooks"]) <= {nb.stem for nb in unit.notebooks}, (name, list(stored["notebooks"]))
+    assert render_readme(unit, text) == text, \
+        f"{unit.path / 'README.md'}: its figures differ from the stored results: run `course readme {unit.slug}`"
+    assert hand_typed_figures(unit, text) == [], f"{unit.path / 'README.md'}: figures typed by hand"
+
+
+def tiny_unit(tmp: Path, figures: dict):
+    "A unit folder with one notebook `a`, and a `course run` folder whose results.json holds `figures`."
+    (tmp / "units" / "07_tiny").mkdir(parents=True); (tmp / "nbs").mkdir(); (tmp / "run").mkdir()
+    n = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell("steps = 1000"); p.metadata["tags"] = ["parameters"]
+    n.cells = [p, nbformat.v4.new_code_cell("from course_lib.core import record\nrecord('steps_seen', steps)")]
+    nbformat.write(n, tmp / "nbs" / "a.ipynb")
+    (tmp / "units" / "07_tiny" / "unit.toml").write_text(
+        '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb"]\n[profiles.quick]\nsteps = 3\n[profiles.full]\nsteps = 30\n')
+    (tmp / "units" / "07_tiny" / "README.md").write_text("# Tiny\n\nSome prose.\n")
+    (tmp / "run" / "results.json").write_text(json.dumps(figures))
+    return load_units(tmp)[0]
+
+
+def test_recorded_run_needs_profile_date_and_machine(tmp_path):
+    u = tiny_unit(tmp_path, {"a": {"fid": 1.18356}, "other": {"x": 1}})
+    with pytest.raises(ValueError, match="lacks profile, date, machine: give --profile ... --date ... --machine"):
+        recorded_run(u, tmp_path / "run")
+    run = recorded_run(u, tmp_path / "run" / "results.json", profile="quick", date="2026-12-01", machine="a laptop")
+    assert run["notebooks"] == {"a": {"fid": 1.18356}}          # another unit's notebook is left out
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"profile": "full", "date": "d", "machine": "m"}))
+    with pytest.raises(ValueError, match="says profile = 'full', not 'quick'"):
+        recorded_run(u, tmp_path / "run", profile="quick")
+    with pytest.raises(ValueError, match="holds no figure of unit 'tiny'"):
+        (tmp_path / "run" / "results.json").write_text(json.dumps({"other": {"x": 1}}))
+        recorded_run(u, tmp_path / "run")
+
+
+def test_format_value():
+    assert format_value(1.18356) == "1.184" and format_value(64) == "64" and format_value(True) == "True"
+    assert format_value([0.5, 0.25]) == "0.5 / 0.25" and format_value({"w1": 0.7}) == "w1: 0.7"
+    assert format_value("a|b") == "a\\|b"
+    assert format_value(list(range(100)), width=20).endswith("…") and len(format_value(list(range(100)), width=20)) == 20
+
+
+def test_course_run_then_readme_renders_and_checks(tmp_path):
+    u = tiny_unit(tmp_path / "proj", {})
+    env = dict(os.environ, COURSE_LIB_ROOT=str(tmp_path / "proj"))
+    out = tmp_path / "out"
+    r = course("run", "tiny", "--profile", "quick", "--out", str(out), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads((out / "run.json").read_text())
+    assert info["profile"] == "quick" and info["date"].startswith("20") and "CPU" in info["machine"]
+    r = course("readme", "tiny", "--results", str(out / "results.json"), env=env)
+    assert r.returncode == 0, r.stderr
+    readme = u.path / "README.md"
+    text = readme.read_text()
+    assert text.startswith("# Tiny\n\nSome prose.\n")
+    assert "| a | `steps_seen` | 3 |" in text and "Figures of a recorded by `course run` with the quick profile" in text
+    assert info["date"] in text and info["machine"] in text
+    stored = json.loads(stored_results(u, "quick").read_text())
+    assert stored["notebooks"] == {"a": {"steps_seen": 3}} and stored["profile"] == "quick"
+    assert course("readme", "tiny", "--check", env=env).returncode == 0
+    readme.write_text(text.replace("| 3 |", "| 4 |"))                   # an edited figure
+    r = course("readme", "tiny", "--check", env=env)
+    assert r.returncode == 1 and "differ from the stored results" in r.stderr
+    assert course("readme", "tiny", env=env).returncode == 0 and readme.read_text() == text   # rendered again
+    readme.write_text(text + "\n| notebook | figure | value |\n|---|---|---|\n| a | `steps_seen` | 3.0 |\n")
+    r = course("readme", "tiny", "--check", env=env)
+    assert r.returncode == 1 and "a figure typed by hand: | a | `steps_seen` | 3.0 |" in r.stderr
+
+
+def test_a_new_run_replaces_the_region_of_its_profile(tmp_path):
+    u = tiny_unit(tmp_path, {"a": {"fid": 1.174}})
+    write_figures(u, tmp_path / "run", profile="quick", date="2026-11-30", machine="m1")
+    (tmp_path / "run" / "results.json").write_text(json.dumps({"a": {"fid": 1.184}}))
+    write_figures(u, tmp_path / "run", profile="full", date="2026-12-01", machine="m2")
+    text = (u.path / "README.md").read_text()
+    assert [r[2] for r in readme_regions(text)] == ["results-quick.json", "results-full.json"]
+    assert "full profile (the lesson as meant)" in text and "on 2026-12-01, on m2" in text
+    (tmp_path / "run" / "results.json").write_text(json.dumps({"a": {"fid": 1.19}}))
+    write_figures(u, tmp_path / "run", profile="quick", date="2026-12-02", machine="m3")
+    text = (u.path / "README.md").read_text()
+    assert [r[2] for r in readme_regions(text)] == ["results-quick.json", "results-full.json"]
+    assert "1.19 |" in text and "1.184 |" in text and "1.174" not in text and "m1" not in text
+    assert text.count("## Figures of a recorded run") == 1 and render_readme(u, text) == text
+
+
+def test_hand_typed_figures_spares_meaning_tables(tmp_path):
+    u = tiny_unit(tmp_path, {"a": {"fid": 1.174, "n": 64}})
+    write_figures(u, tmp_path / "run", profile="quick", date="2026-12-01", machine="m")
+    text = (u.path / "README.md").read_text()
+    meaning = "| figure | notebook | meaning |\n|---|---|---|\n| `fid` | 30 | FID of validation against training digits |\n"
+    assert hand_typed_figures(u, text + meaning) == []                 # a notebook's number is not a figure
+    typed = "| `fid` / `n` | **1.174** / 64 |\n"
+    assert hand_typed_figures(u, text + typed) == [typed.strip()]
