@@ -14,8 +14,8 @@ from .units import (
     PROFILES, KINDS, KERNEL_NAME, SKIP_FLAGS, project_root, Unit,
     load_unit, load_units, find_unit, MissingExtra, import_extra, current_kernelspec_dir,
     notebook_parameters, cell_flags, unavailable_flags, drop_flagged_cells, NotebookFailed,
-    run_notebook, check_profiles, results_table, run_units, is_notebook_name, find_notebook,
-    readme_regions, render_readme, write_figures, hand_typed_figures)
+    run_notebook, check_profiles, results_table, run_units, is_notebook_name, find_notebook)
+from .run_records import readme_regions, render_readme, write_figures, hand_typed_figures
 
 # %% auto #0
 __all__ = ['DOCTOR_PACKAGES', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'README_HEAD', 'USER_ERRORS',

@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .units import PROFILES, PROFILE_NOTE, Unit, load_units, find_unit, project_root
+from .units import PROFILES, Unit, load_units, find_unit, project_root
+from .run_records import PROFILE_NOTE
 from .units import run_units
 from course_lib.site_pages import (
     _code,

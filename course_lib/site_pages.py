@@ -9,7 +9,8 @@ from pathlib import Path
 
 import tomllib
 
-from .units import PROFILES, Unit, cell_flags, stamp_matches
+from .units import PROFILES, Unit, cell_flags
+from .run_records import stamp_matches
 
 # %% auto #0
 __all__ = ['COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'executed_matches', 'find_executed',

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_units.ipynb #53caa784
 from __future__ import annotations
-import difflib, functools, importlib, json, os, re, shutil, sys, tempfile, time
+import difflib, functools, importlib, json, os, shutil, sys, tempfile, time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,15 +14,13 @@ import tomllib
 
 import course_lib
 from .core import atomic_write, read_results
+from .run_records import run_info, stamp_executed
 
 # %% auto #0
-__all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'RUN_KEYS', 'BEGIN', 'END', 'PROFILE_NOTE',
-           'project_root', 'Unit', 'load_unit', 'load_units', 'find_unit', 'MissingExtra', 'import_extra',
-           'notebook_parameters', 'cell_flags', 'unavailable_flags', 'drop_flagged_cells', 'current_kernelspec_dir',
-           'NotebookFailed', 'run_notebook', 'check_profiles', 'results_table', 'code_version', 'notebook_hash',
-           'machine_description', 'run_info', 'stamp_executed', 'stamp_matches', 'run_units', 'is_notebook_name',
-           'find_notebook', 'recorded_run', 'format_value', 'stored_results', 'figures_region', 'readme_regions',
-           'render_readme', 'write_figures', 'hand_typed_figures']
+__all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'project_root', 'Unit', 'load_unit', 'load_units',
+           'find_unit', 'MissingExtra', 'import_extra', 'notebook_parameters', 'cell_flags', 'unavailable_flags',
+           'drop_flagged_cells', 'current_kernelspec_dir', 'NotebookFailed', 'run_notebook', 'check_profiles',
+           'results_table', 'run_units', 'is_notebook_name', 'find_notebook']
 
 # %% ../nbs/05_units.ipynb #6fd39da9
 PROFILES = ("quick", "full")
@@ -376,65 +374,6 @@ def results_table(results: dict[str, dict[str, Any]]) -> str:
     def line(r): return "  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
     return "\n".join([line(head), line(tuple("-" * x for x in w)), *map(line, rows)])
 
-# %% ../nbs/05_units.ipynb #4ad7932e
-def code_version() -> str:
-    "A short hash of the installed `course_lib` code (every module): changes when any module does."
-    import hashlib
-    h = hashlib.sha256()
-    for p in sorted(Path(course_lib.__file__).resolve().parent.glob("*.py")):
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
-
-def notebook_hash(nb_path: str | os.PathLike) -> str:
-    "A short hash of a notebook's cells (type and source; not outputs, ids or metadata)."
-    import hashlib
-    cells = json.loads(Path(nb_path).read_text())["cells"]
-    key = [(c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
-           for c in cells]
-    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
-
-def machine_description() -> str:
-    "The machine, in words: CPU model and count, and the GPU when there is one."
-    import platform
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                 if l.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    out = f"{platform.system()}, {cpu}, {os.cpu_count()} CPUs"
-    import torch
-    if torch.cuda.is_available():
-        out += f", GPU {torch.cuda.get_device_name(0)}"
-    return out
-
-
-# %% ../nbs/05_units.ipynb #13353c66
-def run_info(profile: str) -> dict[str, Any]:
-    "What `run.json` says about a run: profile, date (UTC), machine, course_lib version and code."
-    return {"profile": profile, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine_description(), "course_lib": course_lib.__version__,
-            "code": code_version()}
-
-def stamp_executed(executed: Path, nb: Path, info: dict[str, Any], params: dict[str, Any]):
-    "Write into the executed copy `executed` the stamp of its run: `info`, `params`, `nb`'s hash."
-    d = json.loads(executed.read_text())
-    d.setdefault("metadata", {})["course_lib"] = {**info, "params": params,
-                                                  "notebook": notebook_hash(nb)}
-    with atomic_write(executed, "w") as f:
-        json.dump(d, f, indent=1, ensure_ascii=False)
-
-def stamp_matches(executed: dict, nb: Path, profile: str, params: dict[str, Any]) -> bool:
-    """True when the executed notebook (a dict) ran `nb` as it is now, with `profile` and `params`,
-    on the `course_lib` code installed now."""
-    s = executed.get("metadata", {}).get("course_lib", {})
-    declared = notebook_parameters(nb)
-    want = {k: v for k, v in params.items() if k in declared}
-    return (s.get("profile") == profile and s.get("params") == want
-            and s.get("notebook") == notebook_hash(nb) and s.get("code") == code_version())
-
-
 # %% ../nbs/05_units.ipynb #44e887d7
 def _save_times(timings: Path, times: dict):
     with atomic_write(timings, "w") as f:
@@ -497,152 +436,3 @@ def find_notebook(key: str, units: list[Unit]) -> tuple[Unit, Path]:
                 return u, (p if target is not None else nb)
     raise KeyError(f"no unit lists the notebook {name!r}: add it to the notebooks of a "
                    "units/*/unit.toml to run it with that unit's profile (see `course list`)")
-
-# %% ../nbs/05_units.ipynb #20794a0f
-RUN_KEYS = ("profile", "date", "machine")
-
-def recorded_run(unit: Unit, results: str | Path, **override) -> dict[str, Any]:
-    """`{profile, date, machine, ..., notebooks: {stem: {figure: value}}}`: the figures of `unit`'s
-    notebooks in `results` (a `results.json`, or the folder of a `course run`), with its `run.json`.
-    `override` gives run keys that `run.json` lacks. Raises `ValueError` naming what is missing."""
-    results = Path(results)
-    results = results/"results.json" if results.is_dir() else results
-    if not results.is_file():
-        raise ValueError(f"no results file {results}: give the results.json (or the folder) "
-                         "that `course run` wrote")
-    info_file = results.parent/"run.json"
-    info = json.loads(info_file.read_text()) if info_file.is_file() else {}
-    for k, v in override.items():
-        if v is not None and info.get(k) not in (None, v):
-            raise ValueError(f"{info_file} says {k} = {info[k]!r}, not {v!r}")
-        info[k] = info.get(k) or v
-    missing = [k for k in RUN_KEYS if not info.get(k)]
-    if missing:
-        flags = " ".join(f"--{k} ..." for k in missing)
-        raise ValueError(f"{info_file} does not exist or lacks {', '.join(missing)}: give "
-                         f"{flags} (say where the run came from)")
-    figures = read_results(results)
-    notebooks = {nb.stem: figures[nb.stem] for nb in unit.notebooks if figures.get(nb.stem)}
-    if not notebooks:
-        raise ValueError(f"{results} holds no figure of unit {unit.slug!r} "
-                         f"(it has figures of {sorted(figures) or 'no notebook'})")
-    return {**info, "notebooks": notebooks}
-
-
-# %% ../nbs/05_units.ipynb #5f22a41b
-def format_value(v: Any, width: int = 90) -> str:
-    "`v` (a recorded figure) as a table cell: `0.8547`, `1 / 2 / 3`, `a: 1, b: 2`; `|` escaped."
-    if isinstance(v, bool) or v is None:
-        s = str(v)
-    elif isinstance(v, float):
-        s = f"{v:.4g}"
-    elif isinstance(v, (int, str)):
-        s = str(v)
-    elif isinstance(v, list):
-        s = " / ".join(format_value(x, width) for x in v)
-    elif isinstance(v, dict):
-        s = ", ".join(f"{k}: {format_value(x, width)}" for k, x in v.items())
-    else:
-        s = json.dumps(v)
-    s = s.replace("|", "\\|").replace("\n", " ")
-    return s if len(s) <= width else s[:width - 1] + "…"
-
-
-# %% ../nbs/05_units.ipynb #53da08d4
-BEGIN = "<!-- figures from {file}: rendered by `course readme {slug}`, do not edit by hand -->"
-END = "<!-- end of figures -->"
-_BEGIN = re.compile(r"<!-- figures from (\S+): rendered by `course readme [^`]*`, "
-                    r"do not edit by hand -->")
-PROFILE_NOTE = {"quick": "the quick profile (the CI check: small runs, not the lesson's figures)",
-                "full": "the full profile (the lesson as meant)"}
-
-def stored_results(unit: Unit, profile: str) -> Path:
-    "Where the recorded run of `profile` that `unit`'s README shows is kept."
-    return unit.path/f"results-{profile}.json"
-
-def figures_region(unit: Unit, run: dict[str, Any]) -> str:
-    "The README region (markers included) showing `run`, the figures of a `recorded_run`."
-    f = stored_results(unit, run["profile"]).name
-    code = f", code {run['code']}" if run.get("code") else ""
-    ver = f" (course_lib {run['course_lib']}{code})" if run.get("course_lib") else ""
-    stems = ", ".join(run["notebooks"])
-    head = (f"Figures of {stems} recorded by `course run` with "
-            f"{PROFILE_NOTE.get(run['profile'], run['profile'])}, on {run['date']}, on "
-            f"{run['machine']}{ver}; stored in [`{f}`]({f}). To show a new run: `course run "
-            f"{unit.slug} --profile full`, then `course readme {unit.slug} --results "
-            f"runs/{unit.slug}-full/results.json`.")
-    rows = ["| notebook | figure | value |", "|---|---|---|"]
-    for stem, figs in run["notebooks"].items():
-        rows += [f"| {stem} | `{k}` | {format_value(v)} |" for k, v in figs.items()]
-    return "\n".join([BEGIN.format(file=f, slug=unit.slug), "", head, "", *rows, "", END])
-
-
-# %% ../nbs/05_units.ipynb #c58f70da
-def readme_regions(text: str) -> list[tuple[int, int, str]]:
-    "`(start, end, stored file name)` of each figures region of README `text` (markers included)."
-    out = []
-    for m in _BEGIN.finditer(text):
-        end = text.find(END, m.end())
-        if end < 0:
-            raise ValueError(f"a figures region opens ({m.group(0)[:40]}...) and never closes "
-                             f"with {END}")
-        out.append((m.start(), end + len(END), m.group(1)))
-    return out
-
-def render_readme(unit: Unit, text: str, run: dict[str, Any] | None = None) -> str:
-    """README `text` with its figures region rendered from `run` (a `recorded_run`), or, without
-    `run`, each region rendered again from the stored file it names."""
-    regions = readme_regions(text)
-    if run is None:
-        for start, end, name in reversed(regions):
-            stored = json.loads((unit.path/name).read_text())
-            text = text[:start] + figures_region(unit, stored) + text[end:]
-        return text
-    region, name = figures_region(unit, run), stored_results(unit, run["profile"]).name
-    same = [(s, e) for s, e, n in regions if n == name]
-    if same:
-        return text[:same[0][0]] + region + text[same[0][1]:]
-    if regions:                                  # another profile's region: this one after it
-        return text[:regions[-1][1]] + "\n\n" + region + text[regions[-1][1]:]
-    head = "\n\n## Figures of a recorded run\n\n"
-    return text.rstrip() + head + region + "\n"
-
-
-# %% ../nbs/05_units.ipynb #e56505a1
-def write_figures(unit: Unit, results: str | Path | None = None, **override) -> Path:
-    """Render `unit`'s README figures: from `results` (storing the `recorded_run` in
-    `results-PROFILE.json` first), or again from the stored results. Returns the README's path."""
-    readme = unit.path/"README.md"
-    run = None
-    if results is not None:
-        run = recorded_run(unit, results, **override)
-        with atomic_write(stored_results(unit, run["profile"]), "w") as f:
-            f.write(json.dumps(run, indent=1, ensure_ascii=False) + "\n")
-    text = readme.read_text() if readme.is_file() else f"# {unit.title}\n"
-    new = render_readme(unit, text, run)
-    if new != text:
-        with atomic_write(readme, "w") as f:
-            f.write(new)
-    return readme
-
-
-# %% ../nbs/05_units.ipynb #e109aa6c
-_NUMBER_CELL = re.compile(r"^[\s*±+\-−/.,%x0-9e()]*\d[\s*±+\-−/.,%x0-9e()]*$")
-
-def hand_typed_figures(unit: Unit, text: str) -> list[str]:
-    "Table rows of README `text`, outside its figures regions, that type a recorded figure by hand."
-    names = set()
-    for f in unit.path.glob("results-*.json"):
-        names |= {k for figs in json.loads(f.read_text())["notebooks"].values() for k in figs}
-    for start, end, _ in reversed(readme_regions(text)):
-        text = text[:start] + text[end:]
-    bad = []
-    for line in text.splitlines():
-        row = line.strip()
-        cells = [c.strip() for c in row.strip("|").split("|")] if row.startswith("|") else []
-        named = any(n in names for c in cells for n in re.findall(r"`(\w+)`", c))
-        numbers = [c for c in cells if _NUMBER_CELL.match(c) and not re.fullmatch(r"\d\d?", c)]
-        if named and numbers:
-            bad.append(line.strip())
-    return bad
-

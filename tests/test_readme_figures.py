@@ -7,8 +7,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.units import (load_units, recorded_run, readme_regions, render_readme, hand_typed_figures,
-                              format_value, write_figures, stored_results)
+from course_lib.units import load_units
+from course_lib.run_records import (recorded_run, readme_regions, render_readme, hand_typed_figures,
+                                    format_value, write_figures, stored_results)
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = [u for u in load_units(ROOT) if not u.is_library]

@@ -8,8 +8,9 @@ import nbformat
 import pytest
 
 import course_lib.site as site
-import course_lib.units as units_mod
-from course_lib.units import load_units, run_units, stamp_matches
+import course_lib.run_records as run_records
+from course_lib.units import load_units, run_units
+from course_lib.run_records import stamp_matches
 from course_lib.site import execute_missing, find_executed, execution_note, _lesson_page
 
 
@@ -63,7 +64,7 @@ def test_stamp_names_profile_params_notebook_and_code(tmp_path, monkeypatch):
     assert find_executed(u, a, "quick", [tmp_path / "q"]) == ex
     assert find_executed(u, a, "full", [tmp_path / "q"]) is None          # another profile
     assert not stamp_matches(executed, a, "quick", {"steps": 4})           # other parameters
-    monkeypatch.setattr(units_mod, "code_version", lambda: "0123456789ab")
+    monkeypatch.setattr(run_records, "code_version", lambda: "0123456789ab")
     assert find_executed(u, a, "quick", [tmp_path / "q"]) is None          # course_lib's code changed
     monkeypatch.undo()
     del executed["metadata"]["course_lib"]
