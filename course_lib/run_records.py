@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     import course_lib.units
 
 # %% auto #0
-__all__ = ['RUN_KEYS', 'BEGIN', 'END', 'PROFILE_NOTE', 'code_version', 'notebook_hash', 'machine_description', 'run_info',
-           'stamp_executed', 'stamp_matches', 'recorded_run', 'format_value', 'stored_results', 'figures_region',
-           'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures']
+__all__ = ['RUN_KEYS', 'BEGIN', 'END', 'PROFILE_NOTE', 'code_version', 'notebook_hash', 'machine_description', 'cache_state',
+           'run_info', 'stamp_executed', 'stamp_matches', 'recorded_run', 'run_seconds', 'format_value',
+           'stored_results', 'figures_region', 'times_line', 'readme_regions', 'render_readme', 'write_figures',
+           'hand_typed_figures']
 
 # %% ../nbs/08_run_records.ipynb #4ad7932e
 def code_version() -> str:
@@ -54,11 +55,25 @@ def machine_description() -> str:
 
 
 # %% ../nbs/08_run_records.ipynb #13353c66
+def cache_state(limit: int = 1000) -> str:
+    """The course cache (`core.cache_dir`) in words: `'empty'`, or `'N files'` (at most `limit`
+    counted, then `'over N files'`). A run's times depend on it: an empty cache trains what the
+    package does not ship."""
+    from course_lib.core import cache_dir
+    n = 0
+    for _, _, files in os.walk(cache_dir(create=False)):
+        n += len(files)
+        if n > limit:
+            return f"over {limit} files"
+    return "empty" if n == 0 else f"{n} file{'s' if n > 1 else ''}"
+
 def run_info(profile: str) -> dict[str, Any]:
-    "What `run.json` says about a run: profile, date (UTC), machine, course_lib version and code."
+    """What `run.json` says about a run: profile, date (UTC), machine, course_lib version and code,
+    the course cache at the start (`cache_state`) and the 1-minute load average then (`load`)."""
     return {"profile": profile, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine_description(), "course_lib": course_lib.__version__,
-            "code": code_version()}
+            "code": code_version(), "cache": cache_state(),
+            "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 def stamp_executed(executed: Path, nb: Path, info: dict[str, Any], params: dict[str, Any]):
     "Write into the executed copy `executed` the stamp of its run: `info`, `params`, `nb`'s hash."
@@ -83,8 +98,9 @@ def stamp_matches(executed: dict, nb: Path, profile: str, params: dict[str, Any]
 RUN_KEYS = ("profile", "date", "machine")
 
 def recorded_run(unit: course_lib.units.Unit, results: str | Path, **override) -> dict[str, Any]:
-    """`{profile, date, machine, ..., notebooks: {stem: {figure: value}}}`: the figures of `unit`'s
-    notebooks in `results` (a `results.json`, or the folder of a `course run`), with its `run.json`.
+    """`{profile, date, machine, ..., notebooks: {stem: {figure: value}}, seconds: {stem: s}}`: the
+    figures of `unit`'s notebooks in `results` (a `results.json`, or the folder of a `course run`),
+    with its `run.json`, and each notebook's wall time from `timings.json` (if there is one).
     `override` gives run keys that `run.json` lacks. Raises `ValueError` naming what is missing."""
     results = Path(results)
     results = results/"results.json" if results.is_dir() else results
@@ -107,7 +123,15 @@ def recorded_run(unit: course_lib.units.Unit, results: str | Path, **override) -
     if not notebooks:
         raise ValueError(f"{results} holds no figure of unit {unit.slug!r} "
                          f"(it has figures of {sorted(figures) or 'no notebook'})")
-    return {**info, "notebooks": notebooks}
+    run = {**info, "notebooks": notebooks}
+    seconds = run_seconds(unit, results.parent/"timings.json")
+    return {**run, "seconds": seconds} if seconds else run
+
+def run_seconds(unit: course_lib.units.Unit, timings: Path) -> dict[str, float]:
+    "Wall seconds of each of `unit`'s notebooks that ran to the end, from a run's `timings.json`."
+    times = json.loads(timings.read_text()) if timings.is_file() else {}
+    return {nb.stem: times[nb.stem]["seconds"] for nb in unit.notebooks
+            if times.get(nb.stem, {}).get("status") == "ok"}
 
 
 # %% ../nbs/08_run_records.ipynb #5f22a41b
@@ -155,7 +179,18 @@ def figures_region(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
     rows = ["| notebook | figure | value |", "|---|---|---|"]
     for stem, figs in run["notebooks"].items():
         rows += [f"| {stem} | `{k}` | {format_value(v)} |" for k, v in figs.items()]
-    return "\n".join([BEGIN.format(file=f, slug=unit.slug), "", head, "", *rows, "", END])
+    times = [times_line(run)] if run.get("seconds") else []
+    return "\n".join([BEGIN.format(file=f, slug=unit.slug), "", head, "", *times, *rows, "", END])
+
+def times_line(run: dict[str, Any]) -> str:
+    "The wall time of each notebook of `run` and their total, with the cache and load it ran at."
+    secs = run["seconds"]
+    each = ", ".join(f"{stem} {s / 60:.1f} min" for stem, s in secs.items())
+    cache = f"course cache at the start: {run['cache']}" if run.get("cache") else ""
+    load = f"load average {run['load']:g}" if run.get("load") is not None else ""
+    at = "; ".join(x for x in (cache, load) if x)
+    return (f"Wall time of this run{f' ({at})' if at else ''}: {each}; "
+            f"**{sum(secs.values()) / 60:.1f} min** in all.\n")
 
 
 # %% ../nbs/08_run_records.ipynb #c58f70da

@@ -121,3 +121,28 @@ def test_hand_typed_figures_spares_meaning_tables(tmp_path):
     assert hand_typed_figures(u, text + meaning) == []                 # a notebook's number is not a figure
     typed = "| `fid` / `n` | **1.174** / 64 |\n"
     assert hand_typed_figures(u, text + typed) == [typed.strip()]
+
+
+def test_the_readme_gives_each_notebooks_time_and_the_cache_it_ran_from(tmp_path):
+    "A unit's times come from the recorded run too (timings.json), with the cache and load they ran at."
+    u = tiny_unit(tmp_path / "proj", {})
+    home = tmp_path / "home"
+    env = dict(os.environ, COURSE_LIB_ROOT=str(tmp_path / "proj"), COURSE_LIB_HOME=str(home))
+    out = tmp_path / "out"
+    assert course("run", "tiny", "--profile", "quick", "--out", str(out), env=env).returncode == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["cache"] == "empty" and isinstance(info["load"], float)
+    secs = json.loads((out / "timings.json").read_text())["a"]["seconds"]
+    run = recorded_run(u, out)
+    assert run["seconds"] == {"a": secs} and secs > 0
+    write_figures(u, out)
+    text = (u.path / "README.md").read_text()
+    assert f"Wall time of this run (course cache at the start: empty; load average {info['load']:g}): " \
+           f"a {secs / 60:.1f} min; **{secs / 60:.1f} min** in all." in text
+    assert render_readme(u, text) == text                                # rendered again from the stored run
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "m.safetensors").write_bytes(b"x")
+    assert course("run", "tiny", "--profile", "quick", "--out", str(out), env=env).returncode == 0
+    assert json.loads((out / "run.json").read_text())["cache"] == "1 file"
+    json.dump({"a": {"status": "failed", "cell": 1}}, (out / "timings.json").open("w"))
+    assert "seconds" not in recorded_run(u, out)                           # only notebooks that ran to the end
