@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_run_records.ipynb #2e63ed95
 from __future__ import annotations
-import json, os, re, time
+import ast, json, operator, os, re, time, tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     import course_lib.units
 
 # %% auto #0
-__all__ = ['RUN_KEYS', 'BEGIN', 'END', 'PROFILE_NOTE', 'code_version', 'notebook_hash', 'machine_description', 'cache_state',
-           'run_info', 'stamp_executed', 'stamp_matches', 'recorded_run', 'run_seconds', 'format_value',
-           'stored_results', 'figures_region', 'times_line', 'readme_regions', 'render_readme', 'write_figures',
-           'hand_typed_figures']
+__all__ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'code_version', 'notebook_hash', 'machine_description',
+           'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'recorded_run', 'run_seconds', 'format_value',
+           'unit_bars', 'eval_bound', 'check_bars', 'stored_results', 'figures_region', 'bars_line', 'times_line',
+           'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures']
 
 # %% ../nbs/08_run_records.ipynb #4ad7932e
 def code_version() -> str:
@@ -153,6 +153,69 @@ def format_value(v: Any, width: int = 90) -> str:
     return s if len(s) <= width else s[:width - 1] + "…"
 
 
+# %% ../nbs/08_run_records.ipynb #4ed23ec7
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+BAR = re.compile(r"^\s*(<=|>=|<|>)\s*(.+?)\s*$")
+_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+          ast.Div: operator.truediv}
+
+def unit_bars(unit: course_lib.units.Unit, profile: str = "quick") -> dict[str, dict[str, str]]:
+    "The bars `{notebook stem: {figure: bound}}` that `unit`'s unit.toml declares for `profile`."
+    cfg = tomllib.loads((unit.path/"unit.toml").read_text())
+    return cfg.get("bars", {}).get(profile, {})
+
+def eval_bound(expr: str, figures: dict) -> float:
+    """The value of `expr`: numbers and recorded figure names joined with + - * / and brackets.
+    `KeyError(name)` for a name not in `figures`; `ValueError` for anything else."""
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
+            return float(n.value)
+        if isinstance(n, ast.Name):
+            if n.id not in figures:
+                raise KeyError(n.id)
+            return float(figures[n.id])
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.BinOp) and type(n.op) in _ARITH:
+            return _ARITH[type(n.op)](ev(n.left), ev(n.right))
+        raise ValueError(f"bound {expr!r}: only numbers, figure names and + - * / are allowed")
+    return ev(ast.parse(expr, mode="eval"))
+
+# %% ../nbs/08_run_records.ipynb #cd25c3b2
+def check_bars(bars: dict[str, str], figures: dict, where: str) -> list[str]:
+    """One message per bar in `bars` that the recorded `figures` miss (or cannot be checked),
+    naming the figure, its value and the bound; `[]` when every bar holds."""
+    bad = []
+    for name, bound in bars.items():
+        m = BAR.match(bound) if isinstance(bound, str) else None
+        if m is None:
+            bad.append(f"{where}: bar {name} = {bound!r} is not '<op> <expression>' with op one "
+                       f"of {list(OPS)}")
+            continue
+        op, expr = m.groups()
+        if name not in figures:
+            bad.append(f"{where}: the notebook recorded no figure {name!r} "
+                       f"(recorded: {sorted(figures)})")
+            continue
+        try:
+            limit = eval_bound(expr, figures)
+        except KeyError as e:
+            bad.append(f"{where}: bar {name} {bound} names {e.args[0]!r}, which the notebook did "
+                       "not record")
+            continue
+        value = figures[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            bad.append(f"{where}: figure {name} = {value!r} is not a number, so bar {bound!r} "
+                       "cannot hold")
+        elif not OPS[op](value, limit):
+            used = sorted(set(re.findall(r"[A-Za-z_]\w*", expr)) & set(figures))
+            ctx = ", ".join(f"{k} = {figures[k]}" for k in used)
+            ctx = f" = {limit:.4g} ({ctx})" if used else ""
+            bad.append(f"{where}: {name} = {value} misses the bar {op} {expr}{ctx}")
+    return bad
+
 # %% ../nbs/08_run_records.ipynb #53da08d4
 BEGIN = "<!-- figures from {file}: rendered by `course readme {slug}`, do not edit by hand -->"
 END = "<!-- end of figures -->"
@@ -180,7 +243,19 @@ def figures_region(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
     for stem, figs in run["notebooks"].items():
         rows += [f"| {stem} | `{k}` | {format_value(v)} |" for k, v in figs.items()]
     times = [times_line(run)] if run.get("seconds") else []
-    return "\n".join([BEGIN.format(file=f, slug=unit.slug), "", head, "", *times, *rows, "", END])
+    bars = [bars_line(unit, run)] if any(unit_bars(unit, run["profile"]).values()) else []
+    return "\n".join([BEGIN.format(file=f, slug=unit.slug), "", head, "", *times, *bars, *rows, "",
+                      END])
+
+def bars_line(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
+    "How many of the bars of `run`'s profile (`unit_bars`) its figures meet, and which they miss."
+    bars, n, bad = unit_bars(unit, run["profile"]), 0, []
+    for stem, figs in run["notebooks"].items():
+        n += len(bars.get(stem, {}))
+        bad += check_bars(bars.get(stem, {}), figs, stem)
+    missed = "".join(f"\n- missed: {b}" for b in bad)
+    return (f"Bars of the {run['profile']} profile (`unit.toml`, `[bars.{run['profile']}]`): "
+            f"**{n - len(bad)} of {n} met**.{missed}\n")
 
 def times_line(run: dict[str, Any]) -> str:
     "The wall time of each notebook of `run` and their total, with the cache and load it ran at."

@@ -14,7 +14,7 @@ import tomllib
 
 import course_lib
 from .core import atomic_write, read_results
-from .run_records import run_info, stamp_executed
+from .run_records import check_bars, run_info, stamp_executed, unit_bars
 
 # %% auto #0
 __all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'project_root', 'Unit', 'load_unit', 'load_units',
@@ -410,6 +410,11 @@ def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = 
         times[nb.stem] = {"status": "ok", "seconds": secs, "params": ran["params"]}
         _save_times(timings, times)
         echo(f"      ok in {ran['seconds']:.1f} s")
+        bars = unit_bars(u, profile).get(nb.stem, {})
+        bad = check_bars(bars, read_results(results).get(nb.stem, {}), f"{u.name}/{nb.stem}")
+        if bars:
+            echo(f"      bars ({profile}): {len(bars) - len(bad)} of {len(bars)} met"
+                 + "".join(f"\n      MISSED {b}" for b in bad))
     echo(f"\nresults ({profile} profile) -> {results}")
     echo(results_table(read_results(results)))
     return 0

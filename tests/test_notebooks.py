@@ -5,7 +5,7 @@ compares the output of the cells marked `# NBVAL_CHECK_OUTPUT` with the output c
 After a run, the figures the notebook `record`ed are held to the bars of its unit's `[bars.quick."<notebook>"]`
 table (unit.toml), so a method that stops working fails here and not only in the full profile.
 One test per notebook, so `pytest -n 2` spreads them over the cores."""
-import ast, operator, os, re, subprocess, sys, tomllib
+import ast, os, re, subprocess, sys
 from pathlib import Path
 
 import nbformat
@@ -13,6 +13,7 @@ import pytest
 
 from course_lib.cli import load_unit, drop_flagged_cells, SKIP_FLAGS, notebook_parameters
 from course_lib.core import read_results
+from course_lib.run_records import BAR, check_bars, eval_bound, unit_bars
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS, BROKEN = [], []
@@ -75,55 +76,7 @@ def failure_reason(out: str, nb_name: str, slug: str) -> str:
 
 
 # --- the quality bars of a unit: [bars.<profile>."<notebook stem>"] name = "<op> <expression>" -------------------
-OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
-BAR = re.compile(r"^\s*(<=|>=|<|>)\s*(.+?)\s*$")
-ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def unit_bars(unit, profile: str = "quick") -> dict[str, dict[str, str]]:
-    "The bars `{notebook stem: {figure: bound}}` that `unit`'s unit.toml declares for `profile`."
-    cfg = tomllib.loads((unit.path / "unit.toml").read_text())
-    return cfg.get("bars", {}).get(profile, {})
-
-
-def eval_bound(expr: str, figures: dict) -> float:
-    "The value of `expr`: numbers and recorded figure names joined with + - * / and brackets."
-    def ev(n):
-        if isinstance(n, ast.Expression): return ev(n.body)
-        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)): return float(n.value)
-        if isinstance(n, ast.Name):
-            if n.id not in figures: raise KeyError(n.id)
-            return float(figures[n.id])
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub): return -ev(n.operand)
-        if isinstance(n, ast.BinOp) and type(n.op) in ARITH: return ARITH[type(n.op)](ev(n.left), ev(n.right))
-        raise ValueError(f"bound {expr!r}: only numbers, figure names and + - * / are allowed")
-    return ev(ast.parse(expr, mode="eval"))
-
-
-def check_bars(bars: dict[str, str], figures: dict, where: str) -> list[str]:
-    "One message per bar in `bars` that the recorded `figures` miss (or cannot be checked), naming value and bound."
-    bad = []
-    for name, bound in bars.items():
-        m = BAR.match(bound)
-        if m is None:
-            bad.append(f"{where}: bar {name} = {bound!r} is not '<op> <expression>' with op one of {list(OPS)}")
-            continue
-        op, expr = m.groups()
-        if name not in figures:
-            bad.append(f"{where}: the notebook recorded no figure {name!r} (recorded: {sorted(figures)})")
-            continue
-        try: limit = eval_bound(expr, figures)
-        except KeyError as e:
-            bad.append(f"{where}: bar {name} {bound} names {e.args[0]!r}, which the notebook did not record")
-            continue
-        value = figures[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            bad.append(f"{where}: figure {name} = {value!r} is not a number, so bar {bound!r} cannot hold")
-        elif not OPS[op](value, limit):
-            used = sorted(set(re.findall(r"[A-Za-z_]\w*", expr)) & set(figures))
-            ctx = f" = {limit:.4g} ({', '.join(f'{k} = {figures[k]}' for k in used)})" if used else ""
-            bad.append(f"{where}: {name} = {value} misses the bar {op} {expr}{ctx}")
-    return bad
+# (course_lib.run_records: `course run` checks them too, and the README tables count them)
 
 
 @pytest.mark.parametrize("unit,nb", CASES, ids=[f"{u.name}/{nb.name}" for u, nb in CASES])
@@ -207,11 +160,12 @@ def test_check_bars_names_figure_value_and_bound():
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
-def test_bars_declared_valid(unit):
-    "Every quick bar names a notebook of its unit and is `<op> <expression>` over numbers and figure names."
+@pytest.mark.parametrize("profile", ["quick", "full"])
+def test_bars_declared_valid(unit, profile):
+    "Every bar names a notebook of its unit and is `<op> <expression>` over numbers and figure names."
     stems = {nb.stem for nb in unit.notebooks}
-    for stem, bars in unit_bars(unit, "quick").items():
-        assert stem in stems, (f"units/{unit.name}/unit.toml: [bars.quick.{stem!r}] names no notebook of the unit "
+    for stem, bars in unit_bars(unit, profile).items():
+        assert stem in stems, (f"units/{unit.name}/unit.toml: [bars.{profile}.{stem!r}] names no notebook of the unit "
                                f"{sorted(stems)}")
         for name, bound in bars.items():
             m = BAR.match(bound) if isinstance(bound, str) else None

@@ -146,3 +146,26 @@ def test_the_readme_gives_each_notebooks_time_and_the_cache_it_ran_from(tmp_path
     assert json.loads((out / "run.json").read_text())["cache"] == "1 file"
     json.dump({"a": {"status": "failed", "cell": 1}}, (out / "timings.json").open("w"))
     assert "seconds" not in recorded_run(u, out)                           # only notebooks that ran to the end
+
+
+def test_course_run_and_the_readme_say_which_bars_hold(tmp_path):
+    "`course run` checks the bars of its profile after each notebook; the README counts them for its run."
+    u = tiny_unit(tmp_path / "proj", {})
+    toml = u.path / "unit.toml"
+    toml.write_text(toml.read_text() + '[bars.quick."a"]\nsteps_seen = ">= 3"\n')
+    env = dict(os.environ, COURSE_LIB_ROOT=str(tmp_path / "proj"), COURSE_LIB_HOME=str(tmp_path / "home"))
+    out = tmp_path / "out"
+    r = course("run", "tiny", "--profile", "quick", "--out", str(out), env=env)
+    assert r.returncode == 0 and "bars (quick): 1 of 1 met" in r.stdout, r.stdout + r.stderr
+    write_figures(u, out)
+    assert "**1 of 1 met**." in (u.path / "README.md").read_text()
+    toml.write_text(toml.read_text() + 'other = "< 1"\n')
+    r = course("run", "tiny", "--profile", "quick", "--out", str(out), env=env)
+    assert "bars (quick): 1 of 2 met" in r.stdout and "MISSED 07_tiny/a: the notebook recorded no figure 'other'" in r.stdout
+    toml.write_text(toml.read_text().replace('">= 3"', '">= 4"'))
+    r = course("run", "tiny", "--profile", "quick", "--out", str(out), env=env)
+    assert "MISSED 07_tiny/a: steps_seen = 3 misses the bar >= 4" in r.stdout, r.stdout
+    write_figures(u, out)
+    text = (u.path / "README.md").read_text()
+    assert "**0 of 2 met**.\n- missed: a: steps_seen = 3 misses the bar >= 4" in text
+    assert "- missed: a: the notebook recorded no figure 'other'" in text and render_readme(u, text) == text
