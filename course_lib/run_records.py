@@ -161,7 +161,8 @@ _ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 
 def unit_bars(unit: course_lib.units.Unit, profile: str = "quick") -> dict[str, dict[str, str]]:
     "The bars `{notebook stem: {figure: bound}}` that `unit`'s unit.toml declares for `profile`."
-    cfg = tomllib.loads((unit.path/"unit.toml").read_text())
+    toml = unit.path/"unit.toml"
+    cfg = tomllib.loads(toml.read_text()) if toml.is_file() else {}
     return cfg.get("bars", {}).get(profile, {})
 
 def eval_bound(expr: str, figures: dict) -> float:
