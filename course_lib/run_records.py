@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'code_version', 'notebook_hash', 'machine_description',
            'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'recorded_run', 'run_seconds', 'format_value',
            'unit_bars', 'eval_bound', 'check_bars', 'stored_results', 'figures_region', 'bars_line', 'times_line',
-           'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures']
+           'bars_report', 'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures']
 
 # %% ../nbs/08_run_records.ipynb #4ad7932e
 def code_version() -> str:
@@ -167,7 +167,7 @@ def unit_bars(unit: course_lib.units.Unit, profile: str = "quick") -> dict[str, 
 
 def eval_bound(expr: str, figures: dict) -> float:
     """The value of `expr`: numbers and recorded figure names joined with + - * / and brackets.
-    `KeyError(name)` for a name not in `figures`; `ValueError` for anything else."""
+    `KeyError(name)` for a name not in `figures`, `ValueError` for anything else."""
     def ev(n):
         if isinstance(n, ast.Expression):
             return ev(n.body)
@@ -187,7 +187,7 @@ def eval_bound(expr: str, figures: dict) -> float:
 # %% ../nbs/08_run_records.ipynb #cd25c3b2
 def check_bars(bars: dict[str, str], figures: dict, where: str) -> list[str]:
     """One message per bar in `bars` that the recorded `figures` miss (or cannot be checked),
-    naming the figure, its value and the bound; `[]` when every bar holds."""
+    naming the figure, its value and the bound (`[]` when every bar holds)."""
     bad = []
     for name, bound in bars.items():
         m = BAR.match(bound) if isinstance(bound, str) else None
@@ -258,15 +258,27 @@ def bars_line(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
     return (f"Bars of the {run['profile']} profile (`unit.toml`, `[bars.{run['profile']}]`): "
             f"**{n - len(bad)} of {n} met**.{missed}\n")
 
+
+# %% ../nbs/08_run_records.ipynb #a715fcb8
 def times_line(run: dict[str, Any]) -> str:
     "The wall time of each notebook of `run` and their total, with the cache and load it ran at."
     secs = run["seconds"]
     each = ", ".join(f"{stem} {s / 60:.1f} min" for stem, s in secs.items())
     cache = f"course cache at the start: {run['cache']}" if run.get("cache") else ""
     load = f"load average {run['load']:g}" if run.get("load") is not None else ""
-    at = "; ".join(x for x in (cache, load) if x)
-    return (f"Wall time of this run{f' ({at})' if at else ''}: {each}; "
+    at = ", ".join(x for x in (cache, load) if x)
+    return (f"Wall time of this run{f' ({at})' if at else ''}: {each}, "
             f"**{sum(secs.values()) / 60:.1f} min** in all.\n")
+
+def bars_report(unit: course_lib.units.Unit, profile: str, stem: str, figures: dict) -> str | None:
+    """What `course run` prints after notebook `stem`: how many of its `profile` bars its recorded
+    `figures` meet, and each missed one, or None when the unit declares no bars for it."""
+    bars = unit_bars(unit, profile).get(stem, {})
+    if not bars:
+        return None
+    bad = check_bars(bars, figures, f"{unit.name}/{stem}")
+    return (f"      bars ({profile}): {len(bars) - len(bad)} of {len(bars)} met"
+            + "".join(f"\n      MISSED {b}" for b in bad))
 
 
 # %% ../nbs/08_run_records.ipynb #c58f70da

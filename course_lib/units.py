@@ -14,7 +14,7 @@ import tomllib
 
 import course_lib
 from .core import atomic_write, read_results
-from .run_records import check_bars, run_info, stamp_executed, unit_bars
+from .run_records import bars_report, run_info, stamp_executed
 
 # %% auto #0
 __all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'project_root', 'Unit', 'load_unit', 'load_units',
@@ -379,6 +379,8 @@ def _save_times(timings: Path, times: dict):
     with atomic_write(timings, "w") as f:
         json.dump(times, f, indent=1)
 
+
+# %% ../nbs/05_units.ipynb #d1291d91
 def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = None, echo=print,
               notebooks: list[Path] | None = None) -> int:
     """Run `units` in order with `profile`, writing into `out`. Returns the exit code (0 ok, 1 a
@@ -406,15 +408,12 @@ def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = 
                  f"results so far are in {results}")
             return 1
         stamp_executed(out/u.name/nb.name, nb, info, ran["params"])
-        secs = round(ran["seconds"], 2)
-        times[nb.stem] = {"status": "ok", "seconds": secs, "params": ran["params"]}
+        times[nb.stem] = {"status": "ok", "seconds": round(ran["seconds"], 2),
+                          "params": ran["params"]}
         _save_times(timings, times)
         echo(f"      ok in {ran['seconds']:.1f} s")
-        bars = unit_bars(u, profile).get(nb.stem, {})
-        bad = check_bars(bars, read_results(results).get(nb.stem, {}), f"{u.name}/{nb.stem}")
-        if bars:
-            echo(f"      bars ({profile}): {len(bars) - len(bad)} of {len(bars)} met"
-                 + "".join(f"\n      MISSED {b}" for b in bad))
+        if report := bars_report(u, profile, nb.stem, read_results(results).get(nb.stem, {})):
+            echo(report)
     echo(f"\nresults ({profile} profile) -> {results}")
     echo(results_table(read_results(results)))
     return 0

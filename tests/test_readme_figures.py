@@ -137,8 +137,8 @@ def test_the_readme_gives_each_notebooks_time_and_the_cache_it_ran_from(tmp_path
     assert run["seconds"] == {"a": secs} and secs > 0
     write_figures(u, out)
     text = (u.path / "README.md").read_text()
-    assert f"Wall time of this run (course cache at the start: empty; load average {info['load']:g}): " \
-           f"a {secs / 60:.1f} min; **{secs / 60:.1f} min** in all." in text
+    assert f"Wall time of this run (course cache at the start: empty, load average {info['load']:g}): " \
+           f"a {secs / 60:.1f} min, **{secs / 60:.1f} min** in all." in text
     assert render_readme(u, text) == text                                # rendered again from the stored run
     (home / "models").mkdir(parents=True)
     (home / "models" / "m.safetensors").write_bytes(b"x")
