@@ -30,11 +30,12 @@ def code_version() -> str:
     return h.hexdigest()[:12]
 
 def notebook_hash(nb_path: str | os.PathLike) -> str:
-    "A short hash of a notebook's cells (type and source; not outputs, ids or metadata)."
+    """A short hash of a notebook's code cells (their source, not markdown, outputs, ids or
+    metadata): what its outputs depend on, so an edit of the text keeps an executed copy current."""
     import hashlib
     cells = json.loads(Path(nb_path).read_text())["cells"]
-    key = [(c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
-           for c in cells]
+    key = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+           for c in cells if c["cell_type"] == "code"]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
 
 def machine_description() -> str:

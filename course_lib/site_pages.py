@@ -13,9 +13,9 @@ from .units import PROFILES, Unit, cell_flags
 from .run_records import stamp_matches
 
 # %% auto #0
-__all__ = ['COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'executed_matches', 'find_executed',
-           'rewrite_links', 'unit_prerequisites', 'measured_seconds', 'nbformat_cell', 'lesson_notebook', 'unit_table',
-           'home_markdown', 'library_modules', 'api_pages']
+__all__ = ['COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'executed_matches', 'with_current_text',
+           'find_executed', 'rewrite_links', 'unit_prerequisites', 'measured_seconds', 'nbformat_cell',
+           'lesson_notebook', 'unit_table', 'home_markdown', 'library_modules', 'api_pages']
 
 # %% ../nbs/06_site_pages.ipynb #3e490c68
 def site_settings(root: str | os.PathLike) -> dict[str, str]:
@@ -41,21 +41,44 @@ def colab_url(notebook: str, cfg: dict[str, str]) -> str:
 def _code(src) -> str:
     return "".join(src) if isinstance(src, list) else src
 
+def _ran(executed: dict) -> list[dict]:
+    "The code cells papermill ran, less the cell of injected parameters."
+    return [c for c in executed.get("cells", []) if c["cell_type"] == "code"
+            and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+
 def executed_matches(executed: dict, source: dict) -> bool:
-    """True when `executed` (a notebook dict that papermill wrote) ran the cells of `source` as they
-    are now and finished without an error. Cells of `source` flagged gpu/net/slow may be missing."""
+    """True when `executed` (a notebook dict that papermill wrote) ran the code cells of `source`
+    as they are now and finished without an error. Code cells of `source` flagged gpu/net/slow may
+    be missing, and markdown may differ (the page takes the text from `source`:
+    `with_current_text`)."""
     if executed.get("metadata", {}).get("papermill", {}).get("exception"):
         return False
-    ran = [(c["cell_type"], _code(c["source"])) for c in executed.get("cells", [])
-           if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
-    i = 0
+    ran, i = [_code(c["source"]) for c in _ran(executed)], 0
     for c in source.get("cells", []):
-        key = (c["cell_type"], _code(c["source"]))
-        if i < len(ran) and ran[i] == key:
+        if c["cell_type"] != "code":
+            continue
+        if i < len(ran) and ran[i] == _code(c["source"]):
             i += 1
-        elif not (c["cell_type"] == "code" and cell_flags(c)):
+        elif not cell_flags(c):
             return False
     return i == len(ran)
+
+# %% ../nbs/06_site_pages.ipynb #89587a23
+def with_current_text(executed: dict, source: dict) -> dict:
+    """`source`'s cells in order, each code cell replaced by the one `executed` ran (with its
+    outputs), the injected parameters after the `parameters` cell: a page whose text is the
+    notebook's now. Needs `executed_matches(executed, source)`."""
+    ran, i, out = _ran(executed), 0, []
+    injected = [c for c in executed.get("cells", [])
+                if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    for c in source.get("cells", []):
+        took = (c["cell_type"] == "code" and i < len(ran)
+                and _code(ran[i]["source"]) == _code(c["source"]))
+        out.append(ran[i] if took else c)      # a flagged cell that did not run: without outputs
+        i += took
+        if "parameters" in c.get("metadata", {}).get("tags", []):
+            out += injected
+    return {**executed, "cells": out}
 
 # %% ../nbs/06_site_pages.ipynb #61a7ecae
 def find_executed(unit: Unit, nb: Path, profile: str, dirs: list[Path]) -> Path | None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import course_lib.classifier, course_lib.ddpm_training, course_lib.lm, course_lib.vision_transfer
+import course_lib.classifier, course_lib.ddpm_training, course_lib.langevin, course_lib.lm, course_lib.vision_transfer
 import course_lib.ddpm, course_lib.lora_train   # imported before a test patches a trainer (they bind its names)
 from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
 
@@ -22,8 +22,8 @@ def sha256(p: Path) -> str:
 
 
 def test_every_lesson_model_ships():
-    assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick"}, KINDS
-    # the package stays small enough for a wheel: measured 31.9 MB for the nine models
+    assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn"}, KINDS
+    # the package stays small enough for a wheel: measured 36.5 MB for the ten models
     assert 0 < PROV["total_bytes"] < 40e6
 
 
@@ -45,7 +45,8 @@ def empty_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("COURSE_LIB_NO_PRETRAINED", raising=False)
     def no_training(*a, **kw): raise AssertionError("trained instead of loading the shipped model")
     for mod, name in [(course_lib.ddpm_training, "train_ddpm"), (course_lib.classifier, "train_digits_classifier"),
-                      (course_lib.vision_transfer, "finetune"), (course_lib.lm, "train_tiny_gpt2")]:
+                      (course_lib.vision_transfer, "finetune"), (course_lib.lm, "train_tiny_gpt2"),
+                      (course_lib.langevin, "train_ncsn")]:
         monkeypatch.setattr(mod, name, no_training)
     return tmp_path / "home"
 
@@ -65,6 +66,9 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
         assert model.history["loss"] and torch.isfinite(next(model.parameters())).all()
     for name, aug in (("course_resnet_32", "d4"), ("course_vit_32", "d4"), ("course_resnet_32", "none")):
         assert pretrained_source_model(name, steps=1000, label_augment=aug).is_file()
+    from course_lib.langevin import NCSNConfig, load_ncsn
+    ncsn = load_ncsn(NCSNConfig())                        # notebook 21's digits NCSN (3,000 steps)
+    assert sum(p.numel() for p in ncsn.parameters()) > 1e6 and not ncsn.training
     gpt2 = [m for m in PROV["models"].values() if m["kind"] == "gpt2"][0]
     model, tok, d = tiny_gpt2(TinyGPTConfig(**gpt2["config"]))
     assert model.config.n_positions == gpt2["config"]["n_positions"] and len(tok) > 256

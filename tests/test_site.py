@@ -14,6 +14,7 @@ from filelock import FileLock
 
 from course_lib.units import load_units, find_unit
 from course_lib.site import find_executed, library_modules, rewrite_links, executed_matches, lesson_notebook, site_settings
+from course_lib.site import with_current_text
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -206,6 +207,31 @@ def test_executed_copy_must_match_the_notebook():
     edited = json.loads(json.dumps(src)); edited["cells"][2]["source"] = "y = 4"
     assert not executed_matches(ok, edited)               # the notebook changed since it ran
     assert not executed_matches({"cells": ok["cells"][:1], "metadata": {}}, src)  # it stopped early
+
+
+def test_an_edit_of_the_text_keeps_the_outputs_and_the_page_shows_the_new_text():
+    "Outputs depend on the code cells only: a corrected sentence must not cost a re-run of a 60-minute profile."
+    src = {"cells": [{"cell_type": "markdown", "source": "# t\nold text", "metadata": {}},
+                     {"cell_type": "code", "source": "steps = 1", "metadata": {"tags": ["parameters"]}, "outputs": []},
+                     {"cell_type": "code", "source": "#| gpu\nx = 1", "metadata": {}, "outputs": []},
+                     {"cell_type": "code", "source": "print(steps)", "metadata": {}, "outputs": []}], "metadata": {}}
+    injected = {"cell_type": "code", "source": "steps = 3", "metadata": {"tags": ["injected-parameters"]},
+                "outputs": []}
+    out = {"output_type": "stream", "name": "stdout", "text": "3\n"}
+    ran = {**src["cells"][3], "outputs": [out]}
+    ex = {"cells": [src["cells"][0], src["cells"][1], injected, ran], "metadata": {"papermill": {"exception": False}}}
+    now = json.loads(json.dumps(src))
+    now["cells"][0]["source"] = "# t\nnew text"
+    now["cells"].insert(3, {"cell_type": "markdown", "source": "an added paragraph", "metadata": {}})
+    assert executed_matches(ex, now)
+    page = with_current_text(ex, now)
+    assert [c["source"] for c in page["cells"]] == ["# t\nnew text", "steps = 1", "steps = 3", "#| gpu\nx = 1",
+                                                   "an added paragraph", "print(steps)"]
+    assert page["cells"][-1]["outputs"] == [out] and page["cells"][3]["outputs"] == []
+    assert page["metadata"] == ex["metadata"]
+    code_edit = json.loads(json.dumps(now))
+    code_edit["cells"][-1]["source"] = "print(steps + 1)"
+    assert not executed_matches(ex, code_edit)            # a code edit still needs a run
 
 
 def test_lesson_notebook_hides_nbdev_directives_and_widgets():

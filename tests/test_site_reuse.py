@@ -50,6 +50,18 @@ def test_second_build_reuses_and_an_edit_reexecutes(tmp_path, spy):
     nbformat.write(nb, proj / "nbs" / "b.ipynb")
     execute_missing(load_units(proj), "quick", [out], out, echo=lambda *a, **k: None)
     assert spy == [["a", "b"], ["b"]]                              # only the edited notebook
+    nb = nbformat.read(proj / "nbs" / "a.ipynb", as_version=4)
+    nb.cells[0].source = "# Notebook a, its title corrected"
+    nb.cells.insert(2, nbformat.v4.new_markdown_cell("A sentence added after the run."))
+    nbformat.write(nb, proj / "nbs" / "a.ipynb")
+    found, _ = execute_missing(load_units(proj), "quick", [out], out, echo=lambda *a, **k: None)
+    assert spy == [["a", "b"], ["b"]]                              # the text changed, not the code: reused
+    u = load_units(proj)[0]
+    page = _lesson_page(u, u.notebooks[0], found[str(u.notebooks[0])], "quick", {"user": "u", "repo": "r",
+                        "branch": "main"}, set())
+    text = [c["source"] for c in page["cells"] if c["cell_type"] == "markdown"]
+    assert text[0] == "# Notebook a, its title corrected" and "A sentence added after the run." in text
+    assert any("6" in "".join(o.get("text", "")) for c in page["cells"] for o in c.get("outputs", []))
 
 
 def test_stamp_names_profile_params_notebook_and_code(tmp_path, monkeypatch):

@@ -16,10 +16,11 @@ course cache named by COURSE_LIB_HOME, then copied to `course_lib/pretrained/<it
 its config, this command, the code version (git commit), the training time, the figures it reached, its size
 and SHA-256. `tests/test_pretrained.py` checks the files against it and retrains the judge from it."""
 import argparse, hashlib, json, os, platform, shutil, subprocess, sys, time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick")
+MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn")
 GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128, n_layer=4, steps=900,
             batch_size=8, lr=5e-3, seed=0)               # nbs/62_tiny_gpt2.ipynb's full profile
 
@@ -55,6 +56,14 @@ def train(kind: str) -> list[dict]:
                             call=f"pretrained_source_model({name!r}, steps=1000, label_augment={aug!r})",
                             figures={"val_acc": float(meta["val_acc"])}))
         return out
+    if kind == "ncsn":                   # nbs/21_langevin.ipynb's digits NCSN (its full profile)
+        from course_lib.langevin import NCSNConfig, load_ncsn
+        cfg = NCSNConfig()
+        load_ncsn(cfg)
+        path = cache_dir("score", "ncsn") / f"ncsn-{cfg.key()}.safetensors"
+        losses = load_checkpoint(path)[0]["losses"]
+        return [dict(path=path, config=asdict(cfg), call="load_ncsn(NCSNConfig())",
+                     figures={"final_loss": float(losses[-50:].mean())})]
     if kind == "gpt2":
         from course_lib.lm import TinyGPTConfig, tiny_gpt2
         cfg = TinyGPTConfig(**GPT2)
@@ -77,6 +86,9 @@ def cache_path(kind: str, config: dict) -> str:
     if kind == "vision":
         key = cache_key("vision_source", {k: v for k, v in config.items() if k != "v"}, code_version=config["v"])
         return f"vision/{config['model']}-source-{key}.safetensors"
+    if kind == "ncsn":
+        from course_lib.langevin import NCSNConfig
+        return f"score/ncsn/ncsn-{NCSNConfig(**config).key()}.safetensors"
     if kind == "gpt2":
         from course_lib.lm import TinyGPTConfig
         return f"pile/tiny-gpt2-{TinyGPTConfig(**config).key()}"
@@ -86,7 +98,8 @@ def cache_path(kind: str, config: dict) -> str:
 TRAINERS = {"classifier": ("course_lib.classifier", "train_digits_classifier"),
             "ddpm": ("course_lib.ddpm_training", "train_ddpm"), "base": ("course_lib.ddpm_training", "train_ddpm"),
             "ddpm-quick": ("course_lib.ddpm_training", "train_ddpm"),
-            "base-quick": ("course_lib.ddpm_training", "train_ddpm"), "gpt2": ("course_lib.lm", "train_tiny_gpt2")}
+            "base-quick": ("course_lib.ddpm_training", "train_ddpm"), "gpt2": ("course_lib.lm", "train_tiny_gpt2"),
+            "ncsn": ("course_lib.langevin", "train_ncsn")}
 
 
 def trainer_fingerprint(kind: str) -> str | None:
@@ -105,7 +118,7 @@ def restamp(dest: Path, prov: dict) -> None:
         code = trainer_fingerprint(m["kind"])
         if code is None: continue
         path = dest / rel
-        key = path.parent.name if path.name == "ema.safetensors" else path.stem.replace("tiny-gpt2-", "")
+        key = path.parent.name if path.name == "ema.safetensors" else path.stem.rsplit("-", 1)[-1]
         record_cached(path, key, code, source="shipped")
         print(f"{m['kind']}: {rel} recorded with code {code}")
 
