@@ -21,8 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn")
-GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128, n_layer=4, steps=900,
-            batch_size=8, lr=5e-3, seed=0)               # nbs/62_tiny_gpt2.ipynb's full profile
+GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128, n_layer=4, steps=1800,
+            batch_size=12, lr=5e-3, seed=0)               # nbs/62_tiny_gpt2.ipynb's full profile
 
 
 def train(kind: str) -> list[dict]:
