@@ -18,6 +18,8 @@ from course_lib.site import with_current_text
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
+# the profile of a site built beforehand (COURSE_LIB_SITE); the site built here is the quick one
+PROFILE = os.environ.get("COURSE_LIB_SITE_PROFILE", "quick") if os.environ.get("COURSE_LIB_SITE") else "quick"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--disable-quic"]
 
@@ -32,7 +34,7 @@ def site(tmp_path_factory):
     units = load_units(ROOT)
     if os.environ.get("COURSE_LIB_SITE"):
         d = Path(os.environ["COURSE_LIB_SITE"])
-        return (d, Path(os.environ.get("COURSE_LIB_SITE_EXECUTED", ROOT / "runs" / "site-quick")),
+        return (d, Path(os.environ.get("COURSE_LIB_SITE_EXECUTED", ROOT / "runs" / f"site-{PROFILE}")),
                 [u for u in units if (d / "units" / u.name / "index.html").is_file()])
     # one build per test session: under xdist the workers' base folders share a parent; without it that parent
     # is shared by every session of the user, so the session's own base folder is used
@@ -113,7 +115,7 @@ def test_home_page_lists_units_with_times(site):
         row = re.search(rf"<td><p>{u.number}</p></td>\s*<td><p>.*?{re.escape(u.title)}", text, re.S)
         if u.is_library: assert not row, "the library's unit is a row of the lessons' table"
         else: assert row, f"unit {u.number} missing from the table"
-    assert re.search(r"quick \d+(\.\d)? (s|min)", text), "no measured time in the unit table"
+    assert re.search(rf"{PROFILE} \d+(\.\d)? (s|min)", text), "no measured time in the unit table"
     assert 'href="units/00_start/index.html"' in text and 'href="units/99_library/index.html"' in text
 
 
@@ -133,6 +135,19 @@ def test_site_build_prints_no_warning(site):
     if not log.is_file(): pytest.skip("a site built beforehand (COURSE_LIB_SITE): its build log is not here")
     warnings = [l for l in log.read_text().splitlines() if re.search(r"\b(WARNING|ERROR|SEVERE):", l)]
     assert not warnings, "the site build printed warnings:\n" + "\n".join(warnings[:20])
+
+
+def test_every_lesson_page_says_which_profile_produced_it(site):
+    "Each executed lesson's page names its run's profile (and date and machine); a page without a run says so."
+    from course_lib.run_records import PROFILE_NOTE
+    d, executed_dir, units = site
+    bad = []
+    for u, nb, page in _lessons(d, units):
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        ran = find_executed(u, nb, PROFILE, [executed_dir])
+        want = f"Executed with {PROFILE_NOTE[PROFILE]} on " if ran else "Not executed"
+        if want not in text: bad.append(f"{u.name}/{nb.name}: no '{want}'")
+    assert not bad, "\n".join(bad[:20])
 
 
 def test_lessons_have_colab_links(site):
@@ -422,13 +437,13 @@ def test_every_lesson_shows_its_figures(browser, site):
         f = page.evaluate(FIGURES_JS)
         page.close()
         shown = f["shown"] + f["svgs"]
-        expected = _expected_figures(find_executed(u, nb, "quick", [executed_dir]) or find_executed(u, nb, "full", [executed_dir]))
+        expected = _expected_figures(find_executed(u, nb, PROFILE, [executed_dir]))
         if f["broken"]: missing.append(f"{nb.name}: images that do not render: {f['broken']}")
         # the library's notebooks (core, data, cli, site, ...) may have no figure; every lesson must show one
         if shown < max(expected, 0 if u.is_library and expected == 0 else 1):
             missing.append(f"{nb.name}: {shown} figure(s) rendered, the executed notebook has {expected}")
     assert not missing, "\n".join(missing)
-    assert any(_expected_figures(find_executed(u, nb, "quick", [executed_dir])) for u, nb, _ in _lessons(d, units)), \
+    assert any(_expected_figures(find_executed(u, nb, PROFILE, [executed_dir])) for u, nb, _ in _lessons(d, units)), \
         "no lesson in the site has a figure"
 
 
@@ -451,7 +466,7 @@ def test_screenshots(browser, site):
     ctx, base, d = browser
     _, executed_dir, units = site
     ARTIFACTS.mkdir(exist_ok=True)
-    lesson = next((h for u, nb, h in _lessons(d, units) if _expected_figures(find_executed(u, nb, "quick", [executed_dir]))), None)
+    lesson = next((h for u, nb, h in _lessons(d, units) if _expected_figures(find_executed(u, nb, PROFILE, [executed_dir]))), None)
     assert lesson is not None, "no lesson with a figure to take a screenshot of"
     for name, p in [("site-home.png", d / "index.html"), ("site-lesson.png", lesson)]:
         page, _ = _visit(ctx, base + p.relative_to(d).as_posix())
