@@ -143,7 +143,7 @@ def test_every_lesson_page_says_which_profile_produced_it(site):
     d, executed_dir, units = site
     bad = []
     for u, nb, page in _lessons(d, units):
-        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text())).replace("\u2019", "'")   # smartquotes
         ran = find_executed(u, nb, PROFILE, [executed_dir])
         want = f"Executed with {PROFILE_NOTE[PROFILE]} on " if ran else "Not executed"
         if want not in text: bad.append(f"{u.name}/{nb.name}: no '{want}'")
