@@ -5,7 +5,7 @@ compares the output of the cells marked `# NBVAL_CHECK_OUTPUT` with the output c
 After a run, the figures the notebook `record`ed are held to the bars of its unit's `[bars.quick."<notebook>"]`
 table (unit.toml), so a method that stops working fails here and not only in the full profile.
 One test per notebook, so `pytest -n 2` spreads them over the cores."""
-import ast, os, re, subprocess, sys
+import ast, json, os, re, subprocess, sys
 from pathlib import Path
 
 import nbformat
@@ -25,6 +25,18 @@ CASES = [(u, nb) for u in UNITS for nb in u.notebooks]
 # The quick-profile budget is 2 minutes a notebook on 2 idle cores; the limit here is looser (CI machines are
 # shared and two notebooks run at once) so that only a notebook far over budget fails.
 BUDGET = int(os.environ.get("COURSE_LIB_NB_BUDGET", "360"))
+# Lesson notebooks run under the device probe (tests/test_device_probe.py, course_lib.device_probe): the models
+# sit on a stand-in CUDA device with CUDA's device rules and CPU values, so a cell that mixes a CPU tensor with
+# the model fails here as on a learner's GPU, and the checked outputs still compare (the values are the CPU's).
+# COURSE_LIB_NB_PROBE=off runs them on the plain CPU; =mps stands in for an Apple GPU (no float64).
+NB_PROBE = os.environ.get("COURSE_LIB_NB_PROBE", "cuda")
+# Lessons that may leave the accelerator idle under the probe, and why; every other lesson must run operations
+# on it (a lesson that trains or samples does that work on the learner's accelerator)
+CPU_ONLY = {
+    "03_getting_started": "a tour of the course: it trains and samples nothing",
+    "10_forward_process": "the forward process on a few images: closed-form arithmetic, no model",
+    "60_pile_format": "reads and counts jsonl.zst documents: no tensors",
+}
 
 
 def quick_copy(unit, nb_path: Path, dest: Path) -> Path:
@@ -84,6 +96,12 @@ def test_notebook_runs_quick(unit, nb, tmp_path):
     copy = quick_copy(unit, nb, tmp_path)
     env = dict(os.environ, COURSE_LIB_NOTEBOOK=nb.stem, COURSE_LIB_RESULTS=str(tmp_path / "results.json"),
                COURSE_LIB_ARTIFACTS=str(tmp_path / "artifacts"), PYTHONWARNINGS="ignore")
+    probe = NB_PROBE if NB_PROBE != "off" and not unit.is_library else None
+    if probe:
+        from test_device_probe import probe_env
+        env = probe_env(probe, **{k: env[k] for k in ("COURSE_LIB_NOTEBOOK", "COURSE_LIB_RESULTS",
+                                                       "COURSE_LIB_ARTIFACTS")},
+                        COURSE_LIB_PROBE_LOG=str(tmp_path / "probe.json"))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--nbval-lax",
            "--nbval-current-env", f"--nbval-cell-timeout={BUDGET}", str(copy)]
     try:
@@ -97,6 +115,12 @@ def test_notebook_runs_quick(unit, nb, tmp_path):
         out = r.stdout + r.stderr
         why = failure_reason(out, nb.name, unit.slug)
         pytest.fail(f"notebook {unit.name}/{nb.name} failed: {why}.\n" + out[-6000:], pytrace=False)
+    if probe and nb.stem not in CPU_ONLY:
+        log = json.loads((tmp_path / "probe.json").read_text()) if (tmp_path / "probe.json").exists() else {}
+        assert log.get("ops_on_device", 0) > 0, (
+            f"notebook {unit.name}/{nb.name} ran no operation on the {probe} probe device ({log or 'no probe log'}): a "
+            f"lesson that trains or samples should do it on the learner's accelerator (or be listed in CPU_ONLY "
+            f"with the reason)")
     bars = unit_bars(unit, "quick").get(nb.stem, {})
     figures = read_results(tmp_path / "results.json").get(nb.stem, {})
     bad = check_bars(bars, figures, f"{unit.name}/{nb.stem} (quick profile)")

@@ -1,0 +1,78 @@
+"""The probe's own rules (run under the probe by tests/test_device_probe.py): each rule fails as the real device
+would, and values are the CPU's."""
+import pytest
+import torch
+
+from course_lib.device_probe import ProbeTensor, kind, ops_on_device
+
+DEV = kind()
+
+
+def test_tensors_made_or_moved_there_report_the_device():
+    x = torch.randn(3, 4, device=DEV)
+    assert isinstance(x, ProbeTensor) and x.device.type == DEV
+    assert torch.tensor([1.0, 2.0], device=DEV).device.type == DEV
+    assert torch.zeros(2).to(DEV).device.type == DEV
+    lin = torch.nn.Linear(4, 2).to(DEV)
+    assert lin.weight.device.type == DEV
+
+
+def test_mixing_a_cpu_tensor_fails_as_on_the_device():
+    lin = torch.nn.Linear(4, 2).to(DEV)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        lin(torch.randn(3, 4))
+    x = torch.randn(3, 4, device=DEV)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.cat([x, torch.randn(3, 4)])
+    # what CUDA allows: 0-dim CPU tensors as scalars, CPU indices, copies across devices
+    assert (x * torch.tensor(2.0)).device.type == DEV
+    assert x[torch.tensor([0, 2])].shape == (2, 4)
+    y = torch.empty(3, 4)
+    y.copy_(x)
+    assert torch.equal(y, x.cpu())
+
+
+def test_numpy_needs_cpu_first():
+    x = torch.randn(3, device=DEV)
+    with pytest.raises(TypeError, match="Use Tensor.cpu"):
+        x.numpy()
+    assert x.cpu().numpy().shape == (3,)
+
+
+def test_generators_must_match_the_draw():
+    g = torch.Generator(DEV).manual_seed(0)
+    assert g.device.type == DEV and isinstance(g, torch.Generator)
+    with pytest.raises(RuntimeError, match="device type for generator"):
+        torch.randn(3, generator=g)
+    with pytest.raises(RuntimeError, match="device type for generator"):
+        torch.randn(3, generator=torch.Generator().manual_seed(0), device=DEV)
+    a = torch.randn(3, generator=torch.Generator(DEV).manual_seed(1), device=DEV)
+    b = torch.randn(3, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a.cpu(), b), "the probe computes the CPU's values"
+
+
+def test_autograd_and_optimizer_step_on_the_device():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2).to(DEV)
+    before = lin.weight.detach().cpu().clone()
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.1)
+    n = ops_on_device()
+    lin(torch.randn(8, 4, device=DEV)).pow(2).mean().backward()
+    opt.step()
+    assert lin.weight.grad.device.type == DEV
+    assert not torch.equal(before, lin.weight.detach().cpu())
+    assert ops_on_device() > n
+
+
+def test_in_place_on_a_view_reaches_the_base():
+    x = torch.zeros(2, 3, device=DEV)
+    x[0].add_(5.0)
+    assert x.cpu()[0].tolist() == [5.0, 5.0, 5.0] and x.cpu()[1].tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.skipif(DEV != "mps", reason="MPS rule")
+def test_no_float64_on_mps():
+    with pytest.raises(TypeError, match="float64"):
+        torch.ones(2, dtype=torch.float64, device=DEV)
+    with pytest.raises(TypeError, match="float64"):
+        torch.ones(2, device=DEV).double()
