@@ -23,6 +23,13 @@ def _bc(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     "Reshape a per-sample `(B,)` tensor to broadcast against `x` `(B, ...)`."
     return v.reshape(-1, *[1] * (x.ndim - 1))
 
+def _randn(shape, generator=None, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Standard normal noise `shape` in `dtype`, drawn on the device of `generator` (a CPU or a GPU
+    generator: either works) and returned on `device` (default: where it was drawn)."""
+    src = generator.device if generator is not None else (device or "cpu")
+    z = torch.randn(*shape, generator=generator, dtype=dtype, device=src)
+    return z if device is None else z.to(device)
+
 def _as_t(t, x: torch.Tensor) -> torch.Tensor:
     "Times as a `(B,)` tensor in the dtype and device of `x`."
     return torch.as_tensor(t, dtype=x.dtype, device=x.device).expand(x.shape[0])
@@ -47,8 +54,10 @@ class SDE(abc.ABC):
     def marginal_prob(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Mean `(B, ...)` and std `(B,)` of the perturbation kernel `p_0t(x_t | x_0 = x)`."
     @abc.abstractmethod
-    def prior_sampling(self, shape, generator: torch.Generator | None = None) -> torch.Tensor:
-        "Samples of the prior `p_T` (float32, `shape`)."
+    def prior_sampling(self, shape, generator: torch.Generator | None = None,
+                       device=None) -> torch.Tensor:
+        """Samples of the prior `p_T` (float32, `shape`), drawn on the generator's device and
+        returned on `device` (default: the generator's, else the CPU)."""
     @abc.abstractmethod
     def prior_logp(self, z: torch.Tensor) -> torch.Tensor:
         "Log density (nats) of `z` `(B, ...)` under the prior, `(B,)`."
@@ -117,8 +126,8 @@ class VESDE(SDE):
         return torch.zeros_like(x), diffusion
     def marginal_prob(self, x, t):
         return x, self.sigma(_as_t(t, x))
-    def prior_sampling(self, shape, generator=None):
-        return torch.randn(*shape, generator=generator) * self.sigma_max
+    def prior_sampling(self, shape, generator=None, device=None):
+        return _randn(shape, generator, device) * self.sigma_max
     def prior_logp(self, z):
         return _gaussian_logp(z, self.sigma_max)
     def discretize(self, x, t):
@@ -169,8 +178,8 @@ class VPSDE(SDE):
     def marginal_prob(self, x, t):
         ab = self.alpha_bar(_as_t(t, x))
         return _bc(ab.sqrt(), x) * x, (1 - ab).sqrt()
-    def prior_sampling(self, shape, generator=None):
-        return torch.randn(*shape, generator=generator)
+    def prior_sampling(self, shape, generator=None, device=None):
+        return _randn(shape, generator, device)
     def prior_logp(self, z):
         return _gaussian_logp(z, 1.0)
 
@@ -223,21 +232,23 @@ def _time_grid(sde: SDE, n_steps: int | None, eps: float) -> torch.Tensor:
 def euler_maruyama_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int],
                            n_steps: int | None = None, eps: float = 1e-3,
                            x: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                           dtype=torch.float32, progress: bool = False) -> torch.Tensor:
+                           dtype=torch.float32, progress: bool = False,
+                           device=None) -> torch.Tensor:
     """Sample by solving the reverse-time SDE (Song et al. 2021, eq. 6) with Euler-Maruyama from `t
     = T` to `t = eps` in `n_steps` (default `sde.N`) equal steps, starting from `x` (default
     `sde.prior_sampling(shape)`). The last step returns the mean, without noise (as the reference
-    code). `score_fn(x (B, ...), t (B,))`. Returns `(B, ...)`."""
+    code). `score_fn(x (B, ...), t (B,))`. Every tensor follows `x` (or `device`, where the
+    model is: the noise is drawn on the generator's device, CPU or GPU). Returns `(B, ...)`."""
     from tqdm.auto import tqdm
     ts = _time_grid(sde, n_steps, eps)
     dt = (ts[0] - ts[1]).item() if len(ts) > 1 else sde.T - eps
-    x = (sde.prior_sampling(shape, generator) if x is None else x).to(dtype)
+    x = (sde.prior_sampling(shape, generator, device) if x is None else x).to(dtype)
     rsde = sde.reverse(score_fn)
     for t in tqdm(ts.tolist(), disable=not progress, desc="Euler-Maruyama"):
-        tt = torch.full((x.shape[0],), t, dtype=dtype)
+        tt = torch.full((x.shape[0],), t, dtype=dtype, device=x.device)
         drift, diffusion = rsde.sde(x, tt)
         x_mean = x - drift * dt
-        z = torch.randn(x.shape, generator=generator, dtype=dtype)
+        z = _randn(x.shape, generator, x.device, dtype)
         x = x_mean + _bc(diffusion, x) * math.sqrt(dt) * z
     return x_mean
 
@@ -250,7 +261,7 @@ def reverse_diffusion_step(sde: SDE, score_fn: Callable, x: torch.Tensor, t: tor
     `(x, x_mean)`."""
     rev_f, rev_G = sde.reverse(score_fn).discretize(x, t)
     x_mean = x - rev_f
-    if z is None: z = torch.randn(x.shape, generator=generator, dtype=x.dtype)
+    if z is None: z = _randn(x.shape, generator, x.device, x.dtype)
     return x_mean + _bc(rev_G, x) * z, x_mean
 
 # %% ../nbs/22_sde.ipynb #dff141d5
@@ -264,7 +275,7 @@ def langevin_corrector_step(sde: SDE, score_fn: Callable, x: torch.Tensor, t: to
         alpha = sde.alphas[i].to(x)
     else: alpha = torch.ones_like(t)
     score = score_fn(x, t)
-    z = torch.randn(x.shape, generator=generator, dtype=x.dtype)
+    z = _randn(x.shape, generator, x.device, x.dtype)
     grad_norm = score.flatten(1).norm(dim=1).mean()
     noise_norm = z.flatten(1).norm(dim=1).mean()
     step = 2 * alpha * (snr * noise_norm / grad_norm) ** 2
@@ -276,12 +287,12 @@ def langevin_corrector_step(sde: SDE, score_fn: Callable, x: torch.Tensor, t: to
 def pc_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int], n_steps: int | None = None,
                snr: float = 0.16, n_corrector: int = 1, eps: float = 1e-3,
                x: torch.Tensor | None = None, generator: torch.Generator | None = None,
-               dtype=torch.float32, progress: bool = False) -> torch.Tensor:
+               dtype=torch.float32, progress: bool = False, device=None) -> torch.Tensor:
     """Predictor-corrector sampling (Song et al. 2021, Algorithm 1, and Algorithms 2-3 for VE/VP):
     at each of `n_steps` times from `T` to `eps`, `n_corrector` Langevin corrector steps with
     signal-to-noise ratio `snr`, then one reverse-diffusion predictor step. `n_corrector=0` gives
     the plain reverse-diffusion sampler (for VP: DDPM's ancestral sampler to first order). The
-    last step returns the mean. Returns `(B, ...)`."""
+    last step returns the mean. Tensors follow `x` (or `device`). Returns `(B, ...)`."""
     from tqdm.auto import tqdm
     if n_steps is not None and int(n_steps) != sde.N:
         raise ValueError(
@@ -289,41 +300,45 @@ def pc_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int], n_steps: int 
             f" (it has N={sde.N})"
         )
     ts = _time_grid(sde, None, eps)
-    x = (sde.prior_sampling(shape, generator) if x is None else x).to(dtype)
+    x = (sde.prior_sampling(shape, generator, device) if x is None else x).to(dtype)
     for t in tqdm(ts.tolist(), disable=not progress, desc="predictor-corrector"):
-        tt = torch.full((x.shape[0],), t, dtype=dtype)
+        tt = torch.full((x.shape[0],), t, dtype=dtype, device=x.device)
         for _ in range(n_corrector):
             x, _ = langevin_corrector_step(sde, score_fn, x, tt, snr, generator)
         x, x_mean = reverse_diffusion_step(sde, score_fn, x, tt, generator=generator)
     return x_mean
 
 # %% ../nbs/22_sde.ipynb #5524bcd0
-def _ode_fn(rsde: ReverseSDE, shape, dtype):
+def _ode_fn(rsde: ReverseSDE, shape, dtype, device=None):
     def fn(t, y):
-        x = torch.as_tensor(y[: int(np.prod(shape))], dtype=dtype).reshape(shape)
-        with torch.no_grad(): drift, _ = rsde.sde(x, torch.full((shape[0],), t, dtype=dtype))
-        return drift.double().flatten().numpy()
+        x = torch.as_tensor(y[: int(np.prod(shape))], dtype=dtype, device=device).reshape(shape)
+        tt = torch.full((shape[0],), t, dtype=dtype, device=device)
+        with torch.no_grad(): drift, _ = rsde.sde(x, tt)
+        return drift.cpu().double().flatten().numpy()
     return fn
 
 def ode_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int] | None = None,
                 z: torch.Tensor | None = None, rtol: float = 1e-5, atol: float = 1e-5,
                 eps: float = 1e-3, method: str = "RK45", generator: torch.Generator | None = None,
-                dtype=torch.float32) -> tuple[torch.Tensor, int]:
+                dtype=torch.float32, device=None) -> tuple[torch.Tensor, int]:
     """Sample by integrating the probability-flow ODE (Song et al. 2021, eq. 13) from `t = T` (start
     `z`, default `sde.prior_sampling(shape)`) to `t = eps` with `scipy.integrate.solve_ivp`
     (`method`, default adaptive RK45, tolerances `rtol`, `atol`). `score_fn(x (B, ...), t (B,))`.
-    Returns `(x (B, ...), nfe)`, the number of score evaluations. Raises `ValueError` if neither
+    The score runs on `device` (default: that of `z`); the solver's float64 state stays on the
+    CPU. Returns `(x (B, ...), nfe)`, the number of score evaluations. Raises `ValueError` if neither
     `shape` nor `z` is given, `RuntimeError` if the solver fails."""
     from scipy.integrate import solve_ivp
     if z is None:
         if shape is None: raise ValueError("ode_sampler needs the sample shape or a starting z")
-        z = sde.prior_sampling(shape, generator)
-    shape = tuple(z.shape)
-    fn = _ode_fn(sde.reverse(score_fn, probability_flow=True), shape, dtype)
-    sol = solve_ivp(fn, (sde.T, eps), z.double().flatten().numpy(), rtol=rtol, atol=atol,
-                    method=method)
+        z = sde.prior_sampling(shape, generator, device)
+    shape, device = tuple(z.shape), (z.device if device is None else torch.device(device))
+    fn = _ode_fn(sde.reverse(score_fn, probability_flow=True), shape, dtype, device)
+    # scipy's solver state is float64 on the CPU (an explicit CPU step: MPS has no float64)
+    y0 = z.detach().cpu().double().flatten().numpy()
+    sol = solve_ivp(fn, (sde.T, eps), y0, rtol=rtol, atol=atol, method=method)
     if not sol.success: raise RuntimeError(f"the ODE solver failed: {sol.message}")
-    return torch.as_tensor(sol.y[:, -1], dtype=dtype).reshape(shape), int(sol.nfev)
+    x = torch.as_tensor(sol.y[:, -1], dtype=dtype).reshape(shape)
+    return x.to(device), int(sol.nfev)
 
 # %% ../nbs/22_sde.ipynb #b12b16af
 def _divergence(drift: torch.Tensor, xt: torch.Tensor, v: torch.Tensor | None,
@@ -342,18 +357,20 @@ def _divergence(drift: torch.Tensor, xt: torch.Tensor, v: torch.Tensor | None,
     return sum(torch.autograd.grad(flat[:, d].sum(), xt,
                                    retain_graph=d < D - 1)[0].reshape(B, D)[:, d] for d in range(D))
 
-def _likelihood_fn(rsde: ReverseSDE, shape: tuple, v: torch.Tensor | None, n_probes: int, dtype):
+def _likelihood_fn(rsde: ReverseSDE, shape: tuple, v: torch.Tensor | None, n_probes: int, dtype,
+                   device=None):
     """The right-hand side `[drift, divergence]` of the ODE for `x` and its log density, for
     `solve_ivp`."""
     B, n = shape[0], int(np.prod(shape))
     def fn(t, y):
-        xt = torch.as_tensor(y[:n], dtype=dtype).reshape(shape)
-        tt = torch.full((B,), t, dtype=dtype)
+        xt = torch.as_tensor(y[:n], dtype=dtype, device=device).reshape(shape)
+        tt = torch.full((B,), t, dtype=dtype, device=device)
         with torch.enable_grad():
             xt.requires_grad_(True)
             drift, _ = rsde.sde(xt, tt)
             div = _divergence(drift, xt, v, n_probes)
-        drift, div = drift.detach().double().flatten().numpy(), div.detach().double().numpy()
+        drift = drift.detach().cpu().double().flatten().numpy()
+        div = div.detach().cpu().double().numpy()
         return np.concatenate([drift, div])
     return fn
 
@@ -370,7 +387,8 @@ def ode_likelihood(sde: SDE, score_fn: Callable, x: torch.Tensor, trace: str = "
 
     `trace`: 'hutchinson' (Skilling-Hutchinson estimator with `n_probes` fixed `noise` probes,
     'gaussian' or 'rademacher', unbiased) or 'exact' (one backward pass per dimension, small `D`
-    only). Returns `(nll (B,) float64 in nats, z = x(T) (B, ...), nfe)`. Raises `ValueError` for an
+    only). The score runs on the device of `x`; the solver's state and `nll` are float64 on the
+    CPU. Returns `(nll (B,) float64 in nats, z = x(T) (B, ...) on x's device, nfe)`. Raises `ValueError` for an
     unknown `trace` or `noise`."""
     from scipy.integrate import solve_ivp
     if trace not in ("hutchinson", "exact"):
@@ -381,16 +399,18 @@ def ode_likelihood(sde: SDE, score_fn: Callable, x: torch.Tensor, trace: str = "
     B, n = shape[0], int(np.prod(shape))
     v = None
     if trace == "hutchinson":
-        v = torch.randn((n_probes, *shape), generator=generator, dtype=dtype)
+        v = _randn((n_probes, *shape), generator, x.device, dtype)
         if noise == "rademacher": v = v.sign()
-    fn = _likelihood_fn(sde.reverse(score_fn, probability_flow=True), shape, v, n_probes, dtype)
-    y0 = np.concatenate([x.detach().double().flatten().numpy(), np.zeros(B)])
+    rsde = sde.reverse(score_fn, probability_flow=True)
+    fn = _likelihood_fn(rsde, shape, v, n_probes, dtype, x.device)
+    # scipy's state is float64 on the CPU (an explicit CPU step: MPS has no float64)
+    y0 = np.concatenate([x.detach().cpu().double().flatten().numpy(), np.zeros(B)])
     sol = solve_ivp(fn, (eps, sde.T), y0, rtol=rtol, atol=atol, method=method)
     if not sol.success: raise RuntimeError(f"the ODE solver failed: {sol.message}")
     z = torch.as_tensor(sol.y[:n, -1]).reshape(shape)
     delta_logp = torch.as_tensor(sol.y[n:, -1])
-    nll = -(sde.prior_logp(z) + delta_logp)
-    return nll, z.to(dtype), int(sol.nfev)
+    nll = -(sde.prior_logp(z) + delta_logp)       # float64, on the CPU
+    return nll, z.to(dtype).to(x.device), int(sol.nfev)
 
 # %% ../nbs/22_sde.ipynb #f7f8c029
 def bits_per_dim(nll: torch.Tensor, dim: int, offset: float = 7.0) -> torch.Tensor:

@@ -1,0 +1,45 @@
+"""Unit 2's SDE solvers and likelihood on the accelerator (under the device probe): every tensor they make follows
+the model's device, noise comes from a generator on either device, and scipy's float64 state stays on the CPU
+(so no float64 reaches an MPS device). On 767c4b0 each of these failed with a device error."""
+import pytest
+import torch
+
+from course_lib.device_probe import kind
+from course_lib.sde import VESDE, VPSDE, euler_maruyama_sampler, ode_likelihood, ode_sampler, pc_sampler
+
+DEV = kind()
+
+
+def score_model():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 2).to(DEV)
+    return lambda x, t: net(torch.cat([x, t[:, None]], 1)), net
+
+
+@pytest.mark.parametrize("sde", [VESDE(N=8), VPSDE(N=40)], ids=["VE", "VP"])
+@pytest.mark.parametrize("gen", ["cpu", "device"])
+def test_sde_samplers_follow_the_model(sde, gen):
+    score_fn, _ = score_model()
+    g = torch.Generator(DEV if gen == "device" else "cpu").manual_seed(0)
+    x = euler_maruyama_sampler(sde, score_fn, (4, 2), n_steps=5, generator=g, device=DEV)
+    assert x.device.type == DEV and x.shape == (4, 2)
+    x = pc_sampler(sde, score_fn, (4, 2), generator=g, device=DEV)
+    assert x.device.type == DEV and torch.isfinite(x.cpu()).all()
+    # the start given on the device (the API of 767c4b0, which then made its times and noise on the CPU)
+    x0 = torch.randn(4, 2, device=DEV)
+    assert euler_maruyama_sampler(sde, score_fn, (4, 2), n_steps=5, x=x0, generator=g).device.type == DEV
+    assert pc_sampler(sde, score_fn, (4, 2), x=x0, generator=g).device.type == DEV
+
+
+def test_ode_sampler_and_likelihood_on_the_device():
+    sde = VPSDE(N=40)
+    score_fn, _ = score_model()
+    x, nfe = ode_sampler(sde, score_fn, (3, 2), generator=torch.Generator().manual_seed(0), device=DEV,
+                         rtol=1e-3, atol=1e-3)
+    assert x.device.type == DEV and nfe > 0
+    assert ode_sampler(sde, score_fn, z=torch.randn(3, 2, device=DEV), rtol=1e-3, atol=1e-3)[0].device.type == DEV
+    nll, z, nfe = ode_likelihood(sde, score_fn, x, trace="exact", rtol=1e-3, atol=1e-3)
+    assert nll.shape == (3,) and torch.isfinite(nll).all() and z.device.type == DEV
+    nll_h, _, _ = ode_likelihood(sde, score_fn, x, trace="hutchinson", generator=torch.Generator(DEV).manual_seed(0),
+                                 rtol=1e-3, atol=1e-3)
+    assert nll_h.shape == (3,)
