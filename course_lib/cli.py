@@ -19,12 +19,12 @@ from .run_records import readme_regions, render_readme, write_figures, hand_type
 
 # %% auto #0
 __all__ = ['DOCTOR_PACKAGES', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'README_HEAD', 'USER_ERRORS',
-           'doctor_report', 'run_plugin', 'is_checked', 'keep_checked_outputs', 'UnstableOutput', 'unstable_outputs',
-           'freeze_notebook', 'write_readme', 'build_parser', 'list_units', 'main', 'PROFILES', 'KINDS', 'KERNEL_NAME',
-           'SKIP_FLAGS', 'project_root', 'Unit', 'load_unit', 'load_units', 'find_unit', 'MissingExtra', 'import_extra',
-           'current_kernelspec_dir', 'notebook_parameters', 'cell_flags', 'unavailable_flags', 'drop_flagged_cells',
-           'NotebookFailed', 'run_notebook', 'check_profiles', 'results_table', 'run_units', 'is_notebook_name',
-           'find_notebook']
+           'doctor_report', 'bf16_support', 'version_warnings', 'run_plugin', 'is_checked', 'keep_checked_outputs',
+           'UnstableOutput', 'unstable_outputs', 'freeze_notebook', 'write_readme', 'build_parser', 'list_units',
+           'main', 'PROFILES', 'KINDS', 'KERNEL_NAME', 'SKIP_FLAGS', 'project_root', 'Unit', 'load_unit', 'load_units',
+           'find_unit', 'MissingExtra', 'import_extra', 'current_kernelspec_dir', 'notebook_parameters', 'cell_flags',
+           'unavailable_flags', 'drop_flagged_cells', 'NotebookFailed', 'run_notebook', 'check_profiles',
+           'results_table', 'run_units', 'is_notebook_name', 'find_notebook']
 
 # %% ../nbs/90_cli.ipynb #163d445b
 _all_ = [
@@ -55,6 +55,8 @@ def doctor_report() -> dict[str, Any]:
         rep["device"] = str(get_device())
     except ValueError as e:
         rep["device"] = f"error: {e}"
+    rep["bf16"] = bf16_support()
+    rep["warnings"] = version_warnings(rep) or "none"
     rep["cache_dir"] = str(cache_dir(create=False))
     try:
         rep["project_root"] = str(project_root())
@@ -63,6 +65,30 @@ def doctor_report() -> dict[str, Any]:
     online = network_available(timeout=2)
     rep["network"] = "reachable" if online else "unreachable (offline: embedded data is used)"
     return rep
+
+# %% ../nbs/90_cli.ipynb #ef69a728
+def bf16_support() -> str:
+    """'native', 'emulated' (a GPU without bf16 units, such as a T4: slower than fp16), 'none', or
+    'n/a' without a CUDA GPU. Uses `torch.cuda.is_bf16_supported(including_emulation=False)`."""
+    import torch
+    if not torch.cuda.is_available(): return "n/a (no CUDA GPU)"
+    try: native = torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError: native = torch.cuda.is_bf16_supported()   # torch < 2.3: no emulation argument
+    if native: return "native"
+    return "emulated" if torch.cuda.is_bf16_supported() else "none"
+
+
+def version_warnings(rep: dict[str, Any]) -> list[str]:
+    "Installed versions known not to work with the lessons (from `doctor_report`'s versions)."
+    from packaging.version import Version, InvalidVersion
+    out = []
+    def older(pkg, floor):
+        try: return Version(rep.get(pkg, "0")) < Version(floor)
+        except InvalidVersion: return False
+    if rep.get("ipywidgets", "not installed") != "not installed" and older("ipywidgets", "8"):
+        out.append(f"ipywidgets {rep['ipywidgets']} (Colab's 7.7.1): the FLUX dashboard's upload box "
+                   "needs ipywidgets 8; give it a folder path instead")
+    return out
 
 # %% ../nbs/90_cli.ipynb #fe02b040
 PLUGINS = {

@@ -178,8 +178,13 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
 
 
 def _write_log(path):
-    rec = {"kind": _state["kind"], "ops_on_device": ops_on_device(),
-           "top": _state["ops"].most_common(10)}
+    "Adds this process's count to the log (the kernel and the process that started it may share one)."
+    try:
+        with open(path) as f: rec = json.load(f)
+    except (OSError, ValueError): rec = {"kind": _state["kind"], "ops_on_device": 0, "processes": 0}
+    rec["ops_on_device"] += ops_on_device()
+    rec["processes"] = rec.get("processes", 0) + 1
+    if ops_on_device(): rec["top"] = _state["ops"].most_common(10)
     with open(path, "w") as f: json.dump(rec, f)
 
 # %% ../nbs/09_device_probe.ipynb #b6e7d4e6

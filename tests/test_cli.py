@@ -66,7 +66,20 @@ def test_find_unit_by_slug_number_and_folder():
 def test_doctor():
     r = course("doctor")
     assert r.returncode == 0, r.stderr
-    for key in ["torch", "device", "cache_dir", "network"]: assert key in r.stdout
+    for key in ["torch", "device", "cache_dir", "network", "bf16", "warnings", "ipywidgets", "diffusers"]:
+        assert key in r.stdout
+
+
+def test_doctor_tells_emulated_bf16_and_old_ipywidgets():
+    "Under the device probe (a T4: bf16 only emulated) doctor says 'emulated'; ipywidgets 7.7.1 gets a warning."
+    from course_lib.cli import version_warnings
+    from test_device_probe import probe_env
+    r = course("doctor", env=probe_env("cuda"))
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("bf16"))
+    assert line.split()[1] == "emulated", r.stdout
+    assert any("ipywidgets 7.7.1" in w for w in version_warnings({"ipywidgets": "7.7.1"}))
+    assert version_warnings({"ipywidgets": "8.1.5"}) == []
 
 
 def test_run_writes_results_and_injects_profile(tmp_path):
