@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 # %% ../nbs/09_device_probe.ipynb #a780d922
 _HOST = torch.device("lazy")
 _CGenerator = torch._C.Generator
-_state = {"kind": None, "ops": collections.Counter(), "installed": False}
+_state = {"kind": None, "ops": collections.Counter(), "installed": False, "log": None}
+_LOG_AT = {1, 10, 100, 1000, 10_000, 100_000, 1_000_000}
 _MIXING_OK = {"aten::copy_", "aten::_to_copy", "aten::_copy_from", "aten::_copy_from_and_resize",
               "aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_", "aten::set_"}
 
@@ -44,6 +45,10 @@ class ProbeTensor(torch.Tensor):
     def is_mps(self): return _state["kind"] == "mps"
     def get_device(self): return 0
     def pin_memory(self, *a, **k): return self
+    # storage identity, as transformers and safetensors ask for it to find tied weights
+    def untyped_storage(self): return self.elem.untyped_storage()
+    def storage(self): return self.elem.storage()
+    def data_ptr(self): return self.elem.data_ptr()
     def __repr__(self, *, tensor_contents=None):
         return f"ProbeTensor({self.elem!r}, device='{self.device}')"
     def __reduce_ex__(self, proto): return (_rebuild, (self.elem,))
@@ -106,6 +111,7 @@ def _dispatch(func, args, kwargs):
     out = func(*uargs, **ukwargs)
     if not on_probe: return out                      # .cpu(), .to('cpu'), plain CPU work
     _state["ops"][name] += 1
+    if _state["log"] and ops_on_device() in _LOG_AT: _write_log(_state["log"])
     _check_dtype(name, out)
     wrap = lambda o: ProbeTensor(o) if type(o) is torch.Tensor else o
     wrapped = tree_map(wrap, out)
@@ -155,9 +161,8 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
     """Make this process look like a machine with one `kind` device ('cuda' or 'mps').
 
     `bf16`: what `torch.cuda.is_bf16_supported` says: 'emulated' (True only with
-    `including_emulation=True`, as on a T4), 'native' or 'none'. `$COURSE_LIB_PROBE_LOG`, if set, is a
-    JSON file written at exit with the number of operations run on the device. Idempotent; raises
-    `ValueError` for another `kind` and `RuntimeError` when installed for another device already."""
+    `including_emulation=True`, as on a T4), 'native' or 'none'. `$COURSE_LIB_PROBE_LOG`: a JSON file
+    of the operations run on the device. Idempotent; `ValueError` for a bad argument."""
     if kind not in ("cuda", "mps"): raise ValueError(f"probe kind {kind!r}: use 'cuda' or 'mps'")
     if bf16 not in ("emulated", "native", "none"):
         raise ValueError(f"bf16={bf16!r}: use 'emulated', 'native' or 'none'")
@@ -166,6 +171,8 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
         return
     import torch._dynamo  # noqa: F401  (it reads torch.cuda/mps functions at import: the real ones)
     _state.update(kind=kind, installed=True)
+    # Module.to keeps each Parameter object (swapping its contents), so tied weights stay tied
+    torch.__future__.set_swap_module_params_on_conversion(True)
     _patch_factories()
     _patch_generator(kind)
     _patch_cuda(bf16) if kind == "cuda" else _patch_mps()
@@ -174,17 +181,20 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
     ProbeMode().__enter__()
     _GeneratorCheck().__enter__()
     log = os.environ.get("COURSE_LIB_PROBE_LOG")
-    if log: atexit.register(_write_log, log)
+    if log:
+        _state["log"] = log
+        atexit.register(_write_log, log)
 
 
 def _write_log(path):
-    "Adds this process's count to the log (the kernel and the process that started it may share one)."
+    """This process's count in the log, beside those of other processes sharing it (a notebook's kernel
+    is killed at the end, so the count is written as it grows, not only at exit)."""
     try:
         with open(path) as f: rec = json.load(f)
-    except (OSError, ValueError): rec = {"kind": _state["kind"], "ops_on_device": 0, "processes": 0}
-    rec["ops_on_device"] += ops_on_device()
-    rec["processes"] = rec.get("processes", 0) + 1
-    if ops_on_device(): rec["top"] = _state["ops"].most_common(10)
+    except (OSError, ValueError): rec = {"kind": _state["kind"], "by_process": {}}
+    rec["by_process"][str(os.getpid())] = ops_on_device()
+    rec["ops_on_device"] = sum(rec["by_process"].values())
+    if ops_on_device(): rec["top"] = _state["ops"].most_common(5)
     with open(path, "w") as f: json.dump(rec, f)
 
 # %% ../nbs/09_device_probe.ipynb #b6e7d4e6

@@ -76,3 +76,16 @@ def test_no_float64_on_mps():
         torch.ones(2, dtype=torch.float64, device=DEV)
     with pytest.raises(TypeError, match="float64"):
         torch.ones(2, device=DEV).double()
+
+
+def test_tied_weights_stay_tied_when_moved():
+    "As on a GPU, `Module.to` keeps each Parameter object, so a tied output layer (GPT-2's) stays tied."
+    emb, head = torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False)
+    head.weight = emb.weight
+    m = torch.nn.ModuleList([emb, head]).to(DEV)
+    assert m[0].weight is m[1].weight and m[0].weight.device.type == DEV
+
+
+def test_storage_identity_for_safetensors():
+    w = torch.nn.Linear(3, 3).to(DEV).weight
+    assert w.untyped_storage().data_ptr() == w.data_ptr() != 0
