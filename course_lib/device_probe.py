@@ -60,6 +60,17 @@ class ProbeTensor(torch.Tensor):
 def _rebuild(elem): return _to_probe(elem)
 
 
+def _deepcopy(self, memo):
+    "`copy.deepcopy` of a probe tensor or parameter: a probe tensor with a copy of the values."
+    if id(self) in memo: return memo[id(self)]
+    new = ProbeTensor(self.elem.detach().clone()).requires_grad_(self.requires_grad)
+    if getattr(self, "_is_param", False): new = torch.nn.Parameter(new, self.requires_grad)
+    memo[id(self)] = new
+    return new
+
+ProbeTensor.__deepcopy__ = _deepcopy
+
+
 class ProbeGenerator(_CGenerator):
     "A CPU generator that reports the probe device, as `torch.Generator('cuda')` would on a GPU."
     @property

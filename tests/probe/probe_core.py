@@ -89,3 +89,13 @@ def test_tied_weights_stay_tied_when_moved():
 def test_storage_identity_for_safetensors():
     w = torch.nn.Linear(3, 3).to(DEV).weight
     assert w.untyped_storage().data_ptr() == w.data_ptr() != 0
+
+
+def test_deepcopy_of_a_model_on_the_device():
+    import copy
+    m = torch.nn.Linear(3, 2).to(DEV)
+    c = copy.deepcopy(m)
+    assert c.weight.device.type == DEV and c.weight is not m.weight
+    assert torch.equal(c.weight.detach().cpu(), m.weight.detach().cpu()) and isinstance(c.weight, torch.nn.Parameter)
+    with torch.no_grad(): c.weight.add_(1.0)
+    assert not torch.equal(c.weight.detach().cpu(), m.weight.detach().cpu())
