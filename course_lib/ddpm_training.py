@@ -247,12 +247,16 @@ def read_checkpoint(checkpoint_dir: str | os.PathLike,
     meta["config"] = ck
     return state, meta
 
-# %% ../nbs/11_ddpm_training.ipynb #99ca92f3
+# %% ../nbs/11_ddpm_training.ipynb #c1c6baa5
 def _resolve_mixed_precision(mp: str, device: torch.device) -> str:
+    "'bf16' on a CUDA device with native bf16 (emulated bf16 does not count), else 'fp16'."
     if mp != "auto": return mp
-    if device.type == "cuda": return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "no"
+    if device.type != "cuda": return "no"
+    try: native = torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError: native = torch.cuda.is_bf16_supported()     # torch without the argument
+    return "bf16" if native else "fp16"
 
+# %% ../nbs/11_ddpm_training.ipynb #99ca92f3
 class _Run:
     "The state of one `train_ddpm` run on this process."
     def __init__(self, cfg: DDPMConfig, dataset=None, accelerator=None):
@@ -292,6 +296,7 @@ class _Run:
 @patch_to(_Run)
 def prepare(self, checkpoint_dir=None, resume: bool = True):
     self.ck = checkpoint_path(checkpoint_dir) if checkpoint_dir is not None else None
+    state = None
     if self.ck is not None and resume and self.ck.is_file():
         state, _ = read_checkpoint(checkpoint_dir, self.cfg)
         try:
@@ -300,11 +305,12 @@ def prepare(self, checkpoint_dir=None, resume: bool = True):
         except RuntimeError as e:
             raise CheckpointMismatch(f"checkpoint {self.ck} does not fit this network: "
                                      f"{str(e)[:300]}") from None
-        self.opt.load_state_dict(state["optimizer"])
         self.lr_sched.load_state_dict(state["lr_scheduler"])
         self.start, self.losses = int(state["step"]), list(state["losses"])
         torch.set_rng_state(state["rng"]["torch"])
     self.model, self.opt = self.acc.prepare(self.model, self.opt)
+    if state is not None:       # after prepare: the optimizer state follows the prepared weights
+        self.opt.load_state_dict(state["optimizer"])
     self.ema.to(self.acc.device)
     return self
 

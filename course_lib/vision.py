@@ -149,7 +149,9 @@ def choose_batch_size(fn: Callable[[torch.Tensor], Any], input_size: Sequence[in
 
 def bf16_supported(device: torch.device) -> bool:
     "True when bf16 autocast is supported on `device` (CUDA with bf16, or CPU)."
-    if device.type == "cuda": return torch.cuda.is_bf16_supported()
+    if device.type == "cuda":                       # native bf16 only, not emulated
+        try: return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError: return torch.cuda.is_bf16_supported()
     return device.type == "cpu"
 
 # %% ../nbs/52_inference_export.ipynb #874d49ad
