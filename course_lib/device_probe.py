@@ -18,11 +18,13 @@ _CGenerator = torch._C.Generator
 _state = {"kind": None, "ops": collections.Counter(), "installed": False, "log": None}
 _LOG_AT = {1, 10, 100, 1000, 10_000, 100_000, 1_000_000}
 _MIXING_OK = {"aten::copy_", "aten::_to_copy", "aten::_copy_from", "aten::_copy_from_and_resize",
-              "aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_", "aten::set_"}
+              "aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_",
+              "aten::set_"}
 
 # %% ../nbs/09_device_probe.ipynb #0cd7f8f7
 class ProbeTensor(torch.Tensor):
-    "A tensor whose values are a CPU tensor `elem` while it reports the probe device (`cuda:0`, `mps:0`)."
+    """A tensor whose values are a CPU tensor `elem` while it reports the probe device (`cuda:0`,
+    `mps:0`)."""
     @staticmethod
     def __new__(cls, elem: torch.Tensor):
         r = torch.Tensor._make_wrapper_subclass(
@@ -43,18 +45,29 @@ class ProbeTensor(torch.Tensor):
     def is_cuda(self): return _state["kind"] == "cuda"
     @property
     def is_mps(self): return _state["kind"] == "mps"
-    def get_device(self): return 0
-    def pin_memory(self, *a, **k): return self
+    def get_device(self):
+        "The device index, 0: the probe stands in for one device."
+        return 0
+    def pin_memory(self, *a, **k):
+        "The tensor itself: a device tensor needs no pinning (loaders pin before they move)."
+        return self
     # storage identity, as transformers and safetensors ask for it to find tied weights
-    def untyped_storage(self): return self.elem.untyped_storage()
-    def storage(self): return self.elem.storage()
-    def data_ptr(self): return self.elem.data_ptr()
+    def untyped_storage(self):
+        "The storage of the CPU values, so tied weights share one storage."
+        return self.elem.untyped_storage()
+    def storage(self):
+        "The typed storage of the CPU values."
+        return self.elem.storage()
+    def data_ptr(self):
+        "The address of the CPU values, so tied weights report one address."
+        return self.elem.data_ptr()
     def __repr__(self, *, tensor_contents=None):
         return f"ProbeTensor({self.elem!r}, device='{self.device}')"
     def __reduce_ex__(self, proto): return (_rebuild, (self.elem,))
     def numpy(self, *a, **k):
-        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() "
-                        "to copy the tensor to host memory first.")
+        "Raises `TypeError`, as a CUDA or MPS tensor does: call `.cpu()` first."
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                        "Tensor.cpu() to copy the tensor to host memory first.")
 
 # %% ../nbs/09_device_probe.ipynb #41010588
 def _rebuild(elem): return _to_probe(elem)
@@ -86,26 +99,29 @@ def _is_probe_device(d) -> bool:
 def _fail_foreign(d):
     d = torch.device(d)
     if d.type in ("cuda", "mps") and d.type != _state["kind"]:
-        raise RuntimeError(f"device {d} requested, but the probe stands in for {_state['kind']} only")
+        raise RuntimeError(f"device {d} requested, but the probe stands in for "
+                           f"{_state['kind']} only")
 
 # %% ../nbs/09_device_probe.ipynb #60fd7c6a
 def _check_mixing(name, flat, probes):
     if not probes or name in _MIXING_OK: return
-    cpu = [a for a in flat if type(a) is not ProbeTensor and isinstance(a, torch.Tensor) and a.dim() > 0]
+    cpu = [a for a in flat
+           if type(a) is not ProbeTensor and isinstance(a, torch.Tensor) and a.dim() > 0]
     if cpu:
         k = _state["kind"]
         raise RuntimeError(
-            f"Expected all tensors to be on the same device, but found at least two devices, {k}:0 and "
-            f"cpu! (when checking argument for {name}; a CPU tensor of shape {tuple(cpu[0].shape)} met "
-            f"a {k} tensor)")
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{k}:0 and cpu! (when checking argument for {name}; a CPU tensor of shape "
+            f"{tuple(cpu[0].shape)} met a {k} tensor)")
 
 
 def _check_dtype(name, out):
     if _state["kind"] != "mps": return
     for t in tree_flatten(out)[0]:
         if isinstance(t, torch.Tensor) and t.dtype in (torch.float64, torch.complex128):
-            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't "
-                            f"support float64. Please use float32 instead. (in {name})")
+            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework "
+                            "doesn't support float64. Please use float32 instead. "
+                            f"(in {name})")
 
 # %% ../nbs/09_device_probe.ipynb #2c0ea5b6
 def _dispatch(func, args, kwargs):
@@ -130,7 +146,8 @@ def _dispatch(func, args, kwargs):
 
 # %% ../nbs/09_device_probe.ipynb #450f998d
 class ProbeMode(TorchDispatchMode):
-    "Routes factory calls with `device='cuda'` (or `'mps'`) and every op on a `ProbeTensor` to `_dispatch`."
+    """Routes factory calls with `device='cuda'` (or `'mps'`) and every op on a `ProbeTensor` to
+    `_dispatch`."""
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {})
 
@@ -144,12 +161,14 @@ class _GeneratorCheck(TorchFunctionMode):
         if g is not None:
             dev = kwargs.get("device")
             if dev is not None: on_probe = _is_probe_device(dev)
-            else: on_probe = any(isinstance(a, ProbeTensor) for a in tree_flatten((args, kwargs))[0])
+            else:
+                flat = tree_flatten((args, kwargs))[0]
+                on_probe = any(isinstance(a, ProbeTensor) for a in flat)
             want = _state["kind"] if on_probe else "cpu"
             got = _state["kind"] if isinstance(g, ProbeGenerator) else "cpu"
             if want != got:
-                raise RuntimeError(f"Expected a '{want}' device type for generator but found '{got}' "
-                                   f"(in {getattr(func, '__name__', func)})")
+                raise RuntimeError(f"Expected a '{want}' device type for generator but found "
+                                   f"'{got}' (in {getattr(func, '__name__', func)})")
         return func(*args, **kwargs)
 
 # %% ../nbs/09_device_probe.ipynb #df8e5adc
@@ -172,13 +191,14 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
     """Make this process look like a machine with one `kind` device ('cuda' or 'mps').
 
     `bf16`: what `torch.cuda.is_bf16_supported` says: 'emulated' (True only with
-    `including_emulation=True`, as on a T4), 'native' or 'none'. `$COURSE_LIB_PROBE_LOG`: a JSON file
-    of the operations run on the device. Idempotent; `ValueError` for a bad argument."""
+    `including_emulation=True`, as on a T4), 'native' or 'none'. `$COURSE_LIB_PROBE_LOG`: a
+    JSON file of the operations run on the device. Idempotent; `ValueError` for a bad argument."""
     if kind not in ("cuda", "mps"): raise ValueError(f"probe kind {kind!r}: use 'cuda' or 'mps'")
     if bf16 not in ("emulated", "native", "none"):
         raise ValueError(f"bf16={bf16!r}: use 'emulated', 'native' or 'none'")
     if _state["installed"]:
-        if _state["kind"] != kind: raise RuntimeError(f"probe already installed for {_state['kind']}")
+        if _state["kind"] != kind:
+            raise RuntimeError(f"probe already installed for {_state['kind']}")
         return
     import torch._dynamo  # noqa: F401  (it reads torch.cuda/mps functions at import: the real ones)
     _state.update(kind=kind, installed=True)
@@ -187,6 +207,7 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
     _patch_factories()
     _patch_generator(kind)
     _patch_cuda(bf16) if kind == "cuda" else _patch_mps()
+    if hasattr(torch, "accelerator"): _patch_accelerator(kind)
     for f in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
         if hasattr(torch.optim.Optimizer, f): setattr(torch.optim.Optimizer, f, lambda self: None)
     ProbeMode().__enter__()
@@ -198,8 +219,8 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
 
 
 def _write_log(path):
-    """This process's count in the log, beside those of other processes sharing it (a notebook's kernel
-    is killed at the end, so the count is written as it grows, not only at exit)."""
+    """This process's count in the log, beside those of other processes sharing it (a notebook's
+    kernel is killed at the end, so the count is written as it grows, not only at exit)."""
     try:
         with open(path) as f: rec = json.load(f)
     except (OSError, ValueError): rec = {"kind": _state["kind"], "by_process": {}}
@@ -234,10 +255,11 @@ def _patch_factories():
         return self if dtype in (None, self.dtype) else _to(self, dtype)
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
-        return tensor(data, dtype=dtype or self.dtype, device=device if device is not None else self.device,
-                      requires_grad=requires_grad)
+        device = device if device is not None else self.device
+        return tensor(data, dtype=dtype or self.dtype, device=device, requires_grad=requires_grad)
 
-    torch.tensor, torch.as_tensor, torch.Tensor.to, torch.Tensor.new_tensor = tensor, as_tensor, to, new_tensor
+    torch.tensor, torch.as_tensor = tensor, as_tensor
+    torch.Tensor.to, torch.Tensor.new_tensor = to, new_tensor
     torch.Tensor.cuda = lambda self, *a, **k: self.to("cuda")
     torch.Tensor.mps = lambda self, *a, **k: self.to("mps")
 
@@ -273,6 +295,20 @@ def _patch_cuda(bf16):
               "reset_accumulated_memory_stats"):
         setattr(c, f, lambda *a, **k: None)
     c.mem_get_info = lambda d=None: (16 * 2**30, 16 * 2**30)
+
+
+def _patch_accelerator(kind):
+    "`torch.accelerator` (which accelerate asks first) names the probe's device, not the build's."
+    a = torch.accelerator
+    a.current_accelerator = lambda check_available=False: torch.device(kind)
+    a.is_available, a.device_count = (lambda: True), (lambda: 1)
+    for f in ("current_device_index", "current_device_idx"):
+        if hasattr(a, f): setattr(a, f, lambda: 0)
+    for f in ("set_device_index", "set_device_idx", "synchronize", "empty_cache",
+              "reset_peak_memory_stats", "reset_accumulated_memory_stats"):
+        if hasattr(a, f): setattr(a, f, lambda *args, **k: None)
+    for f in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        if hasattr(a, f): setattr(a, f, lambda d=None: 0)
 
 
 def _patch_mps():

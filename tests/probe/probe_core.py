@@ -99,3 +99,13 @@ def test_deepcopy_of_a_model_on_the_device():
     assert torch.equal(c.weight.detach().cpu(), m.weight.detach().cpu()) and isinstance(c.weight, torch.nn.Parameter)
     with torch.no_grad(): c.weight.add_(1.0)
     assert not torch.equal(c.weight.detach().cpu(), m.weight.detach().cpu())
+
+
+def test_accelerate_finds_the_device():
+    "accelerate asks `torch.accelerator` first (1.16): it must name the probe's device, not the build's."
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    AcceleratorState._reset_state(True); PartialState._reset_state()
+    assert Accelerator().device.type == DEV
+    if hasattr(torch, "accelerator"):
+        assert torch.accelerator.current_accelerator().type == DEV
