@@ -35,6 +35,8 @@ NB_PROBE = os.environ.get("COURSE_LIB_NB_PROBE", "cuda")
 PROBE_LESSONS = {"03_getting_started", "10_forward_process", "11_ddpm_training", "12_digits_classifier",
                  "13_sampling", "22_sde", "30_frechet_distance", "31_is_kid", "33_fid_of_ddpm",
                  "42_lora_training", "60_pile_format"}
+# COURSE_LIB_NB_PROBE_EXTRA=51_transfer_learning,72_flux_mini tries more lessons under the probe (while fixing them)
+PROBE_LESSONS |= {s for s in os.environ.get("COURSE_LIB_NB_PROBE_EXTRA", "").split(",") if s}
 # Lessons that may leave the accelerator idle under the probe, and why; every other probed lesson must run
 # operations on it (a lesson that trains or samples does that work on the learner's accelerator)
 CPU_ONLY = {
