@@ -205,6 +205,7 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
     # Module.to keeps each Parameter object (swapping its contents), so tied weights stay tied
     torch.__future__.set_swap_module_params_on_conversion(True)
     _patch_factories()
+    _patch_tracers()
     _patch_generator(kind)
     _patch_cuda(bf16) if kind == "cuda" else _patch_mps()
     if hasattr(torch, "accelerator"): _patch_accelerator(kind)
@@ -230,6 +231,39 @@ def _write_log(path):
     with open(path, "w") as f: json.dump(rec, f)
 
 # %% ../nbs/09_device_probe.ipynb #b6e7d4e6
+_DATA = torch._C.TensorBase.data
+
+
+def _get_data(self): return _DATA.__get__(self)
+
+
+def _set_data(self, new):
+    """`x.data = y` across the CPU and the probe device (allowed between CPU and CUDA tensors, while
+    torch refuses it between a plain tensor and a subclass): `x` keeps its identity and takes `y`'s
+    values, as `Module.to` does with `swap_tensors`."""
+    if isinstance(self, ProbeTensor) == isinstance(new, ProbeTensor): return _DATA.__set__(self, new)
+    rg, new = self.requires_grad, new.detach()
+    if isinstance(self, torch.nn.Parameter): new = torch.nn.Parameter(new, requires_grad=rg)
+    torch.utils.swap_tensors(self, new)
+    self.requires_grad_(rg)
+
+
+def _patch_tracers():
+    """`torch.jit.trace` and `torch.onnx.export` run with the probe's modes set aside: the tracer
+    records what the modes' Python dispatch does, not the model (the library traces CPU copies)."""
+    from torch.overrides import _pop_mode_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def aside(f):
+        @functools.wraps(f)
+        def g(*a, **k):
+            with _disable_current_modes(), _pop_mode_temporarily(): return f(*a, **k)
+        return g
+    torch.jit.trace = aside(torch.jit.trace)
+    from torch import onnx
+    onnx.export = aside(onnx.export)
+
+
 def _patch_factories():
     _tensor, _as_tensor, _to = torch.tensor, torch.as_tensor, torch.Tensor.to
 
@@ -260,6 +294,7 @@ def _patch_factories():
 
     torch.tensor, torch.as_tensor = tensor, as_tensor
     torch.Tensor.to, torch.Tensor.new_tensor = to, new_tensor
+    torch.Tensor.data = property(_get_data, _set_data)
     torch.Tensor.cuda = lambda self, *a, **k: self.to("cuda")
     torch.Tensor.mps = lambda self, *a, **k: self.to("mps")
 

@@ -69,8 +69,9 @@ def predict_logits(model: nn.Module, x: torch.Tensor, data_config: dict | None =
     """Logits `(N, K)` float32 (on the CPU) of `model` for images `x` `(N, C, H, W)` float in [-1,
     1], averaged over the TTA views (`tta_views`). Inputs are normalised with `data_config` (default
     `model_data_config(model)`). `amp_dtype`: run under `torch.autocast` in bf16/fp16;
-    `channels_last`: NHWC memory format for the inputs."""
-    device = get_device(device) if device is None or isinstance(device, str) else device
+    `channels_last`: NHWC memory format for the inputs. The inputs go to `device` (default: where
+    the model's parameters are)."""
+    device = next(model.parameters()).device if device is None else get_device(device)
     data_config = data_config or model_data_config(model)
     model.eval()
     out = []

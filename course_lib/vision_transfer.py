@@ -126,8 +126,8 @@ def layer_groups(model: nn.Module) -> list[list[str]]:
 def evaluate(model: nn.Module, ds, data_config: dict | None = None, batch_size: int = 256,
              device: str | torch.device | None = None) -> float:
     """Top-1 accuracy (fraction in [0, 1]) of `model` on a `TensorDataset` (or any `(x, y)` dataset)
-    in eval mode."""
-    device = get_device(device) if device is None or isinstance(device, str) else device
+    in eval mode. The inputs go to `device` (default: where the model's parameters are)."""
+    device = next(model.parameters()).device if device is None else get_device(device)
     data_config = data_config or model_data_config(model)
     was = model.training
     model.eval()

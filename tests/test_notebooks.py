@@ -34,7 +34,8 @@ NB_PROBE = os.environ.get("COURSE_LIB_NB_PROBE", "cuda")
 # others still run plainly on the CPU here until their device faults are fixed (issue 27).
 PROBE_LESSONS = {"03_getting_started", "10_forward_process", "11_ddpm_training", "12_digits_classifier",
                  "13_sampling", "22_sde", "30_frechet_distance", "31_is_kid", "33_fid_of_ddpm",
-                 "42_lora_training", "60_pile_format"}
+                 "42_lora_training", "50_timm_registry", "51_transfer_learning", "52_inference_export",
+                 "53_vision_checkpoints", "60_pile_format"}
 # COURSE_LIB_NB_PROBE_EXTRA=51_transfer_learning,72_flux_mini tries more lessons under the probe (while fixing them)
 PROBE_LESSONS |= {s for s in os.environ.get("COURSE_LIB_NB_PROBE_EXTRA", "").split(",") if s}
 # Lessons that may leave the accelerator idle under the probe, and why; every other probed lesson must run
@@ -42,6 +43,8 @@ PROBE_LESSONS |= {s for s in os.environ.get("COURSE_LIB_NB_PROBE_EXTRA", "").spl
 CPU_ONLY = {
     "03_getting_started": "a tour of the course: it trains and samples nothing",
     "10_forward_process": "the forward process on a few images: closed-form arithmetic, no model",
+    "50_timm_registry": "the model registry: it builds models and counts parameters and FLOPs, nothing trains",
+    "53_vision_checkpoints": "saves and reloads checkpoints (a library notebook): the file format, no training",
     "60_pile_format": "reads and counts jsonl.zst documents: no tensors",
 }
 # Probed lessons that still leave the accelerator idle (their models stay on the CPU): to move onto it (issue 27)

@@ -109,3 +109,16 @@ def test_accelerate_finds_the_device():
     assert Accelerator().device.type == DEV
     if hasattr(torch, "accelerator"):
         assert torch.accelerator.current_accelerator().type == DEV
+
+
+def test_data_assignment_across_devices():
+    "`x.data = y` works between the CPU and the device, as on CUDA (timm's `freeze_batch_norm_2d` does it)."
+    w = torch.nn.Parameter(torch.zeros(3))
+    w.data = torch.ones(3, device=DEV)
+    assert isinstance(w, torch.nn.Parameter) and w.requires_grad and w.device.type == DEV
+    assert w.sum().item() == 3
+    from timm.layers import freeze_batch_norm_2d
+    bn = torch.nn.BatchNorm2d(3).to(DEV)
+    frozen = freeze_batch_norm_2d(bn)
+    assert frozen.weight.device.type == DEV
+    assert frozen(torch.randn(2, 3, 4, 4, device=DEV)).device.type == DEV
