@@ -85,9 +85,10 @@ def version_warnings(rep: dict[str, Any]) -> list[str]:
     def older(pkg, floor):
         try: return Version(rep.get(pkg, "0")) < Version(floor)
         except InvalidVersion: return False
-    if rep.get("ipywidgets", "not installed") != "not installed" and older("ipywidgets", "8"):
-        out.append(f"ipywidgets {rep['ipywidgets']} (Colab's 7.7.1): the FLUX dashboard's upload box "
-                   "needs ipywidgets 8; give it a folder path instead")
+    # the dashboards (notebooks 42, 75) are tested on Colab's 7.7.1 and on 8; FileUpload is 7.5's
+    if rep.get("ipywidgets", "not installed") != "not installed" and older("ipywidgets", "7.7"):
+        out.append(f"ipywidgets {rep['ipywidgets']}: the training dashboards are tested on 7.7.1 "
+                   "(Colab's) and 8 only, and FileUpload needs 7.5 or later")
     return out
 
 # %% ../nbs/90_cli.ipynb #fe02b040

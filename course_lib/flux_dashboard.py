@@ -18,7 +18,7 @@ from .flux_lora import (FluxLoRAConfig, FluxLoRARun, flux_generate, read_concept
 
 
 # %% auto #0
-__all__ = ['save_preview', 'run_summary', 'compare_runs', 'FluxLoRADashboard']
+__all__ = ['save_preview', 'run_summary', 'compare_runs', 'uploaded_files', 'make_tab', 'tab_titles', 'FluxLoRADashboard']
 
 # %% ../nbs/75_flux_dashboard.ipynb #f2d7d56f
 def _grid_png(images: torch.Tensor, nrow: int = 8, upscale: int = 8) -> bytes:
@@ -72,6 +72,36 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike], smooth: int = 10):
         ax.set(title=r["run"], xticks=[], yticks=[])
     fig.tight_layout()
     return [{k: v for k, v in r.items() if k not in ("history", "preview")} for r in runs], fig
+
+# %% ../nbs/75_flux_dashboard.ipynb #a6d2f0e8
+def uploaded_files(upload) -> list[tuple[str, bytes]]:
+    """`(name, content)` of each file in an ipywidgets `FileUpload` or its `.value`: ipywidgets 7's
+    dict (name -> `{"metadata", "content"}`), 8's tuple of dicts (`name`, `content`: `memoryview`),
+    a list of `{"name", "content"}` dicts or of `(name, bytes)` pairs. Raises `TypeError` for
+    anything else."""
+    value = getattr(upload, "value", upload)
+    if isinstance(value, dict): value = [{"name": k, **v} for k, v in value.items()]  # ipywidgets 7
+    out = []
+    for f in value:
+        if isinstance(f, dict) and {"name", "content"} <= f.keys(): f = (f["name"], f["content"])
+        if not (isinstance(f, (tuple, list)) and len(f) == 2 and isinstance(f[0], str)):
+            raise TypeError(f"not an uploaded file (a FileUpload entry or (name, bytes)): {f!r:.80}")
+        out.append((f[0], bytes(f[1])))
+    return out
+
+def make_tab(children: Sequence, titles: Sequence[str]):
+    """An ipywidgets `Tab` of the widgets `children` with page titles `titles`, on ipywidgets 7 and
+    8 (`set_title`: 7 ignores 8's `Tab(titles=...)`). Raises `ValueError` when the lengths differ."""
+    import ipywidgets as W
+    if len(children) != len(titles):
+        raise ValueError(f"{len(children)} tab pages but {len(titles)} titles")
+    tab = W.Tab(children=list(children))
+    for i, t in enumerate(titles): tab.set_title(i, t)
+    return tab
+
+def tab_titles(tab) -> list[str]:
+    "The page titles of an ipywidgets `Tab` (`get_title(i)`: 8 also has `.titles`, 7 does not)."
+    return [tab.get_title(i) for i in range(len(tab.children))]
 
 # %% ../nbs/75_flux_dashboard.ipynb #cfadbf1a
 _WIDGET_KEYS = ("rank", "alpha", "lr", "steps", "batch_size", "train_text_encoder", "trigger")
@@ -184,21 +214,23 @@ def load_settings(self, path: str | os.PathLike) -> FluxLoRAConfig:
 
 @patch_to(FluxLoRADashboard)
 def add_images(self, files, caption: str) -> list[Path]:
-    """Save uploaded images (`files`: ipywidgets `FileUpload.value` entries, dicts with `name` and
-    `content`) into the image folder, each with the caption sidecar `caption` (the trigger word is
-    added in front when missing). Unreadable images are refused with their name."""
+    """Save uploaded images into the image folder, each with the caption sidecar `caption` (the
+    trigger word is added in front when missing). `files`: a `FileUpload` widget or its `.value`
+    (ipywidgets 7 or 8), or `(name, bytes)` pairs: see `uploaded_files`. Returns the image paths.
+    Raises `ValueError` naming an unreadable image, `TypeError` for what is no upload."""
     from PIL import Image
     trig = self._settings().trigger
     caption = caption if trig in caption.split() else f"{trig} {caption}"
     self.folder.mkdir(parents=True, exist_ok=True)
     out = []
-    for f in files:
-        try: Image.open(io.BytesIO(bytes(f["content"]))).verify()
-        except Exception as e: raise ValueError(f"{f['name']} is not a readable image: {e}") from e
-        p = self.folder/Path(f["name"]).name
-        p.write_bytes(bytes(f["content"]))
+    for name, content in uploaded_files(files):
+        try: Image.open(io.BytesIO(content)).verify()
+        except Exception as e: raise ValueError(f"{name} is not a readable image: {e}") from e
+        p = self.folder/Path(name).name
+        p.write_bytes(content)
         p.with_suffix(".txt").write_text(caption.strip() + "\n")
         out.append(p)
+    self._say(f"{len(out)} images added to {self.folder}" if out else "no images chosen")
     return out
 
 # %% ../nbs/75_flux_dashboard.ipynb #4a2bbea9
@@ -258,7 +290,7 @@ def _build(self):
             "continue": lambda: self.continue_run(self.w["name"].value, self.w["extra"].value),
             "save preset": lambda: self.save_settings(self.w["preset"].value),
             "load preset": lambda: self.load_settings(self.w["preset"].value),
-            "add images": lambda: self.add_images(self.w["upload"].value, self.w["caption"].value),
+            "add images": lambda: self.add_images(self.w["upload"], self.w["caption"].value),
             "compare": lambda: self.compare(list(self.w["runs"].value) or None)}
     buttons = [W.Button(description=k) for k in acts]
     for b in buttons: b.on_click(lambda btn: self._act(acts[btn.description]))
@@ -266,7 +298,7 @@ def _build(self):
                     W.HBox(buttons[:4]), W.HBox(buttons[4:6]), self.status, self.curve])
     data = W.VBox([self.w["upload"], self.w["caption"], buttons[6]])
     cmp_ = W.VBox([self.w["runs"], buttons[7], self.table, self.cmp_img])
-    self.ui = W.Tab(children=[train, data, cmp_], titles=("train", "images", "compare"))
+    self.ui = make_tab([train, data, cmp_], ("train", "images", "compare"))
     display(self.ui)
 
 # %% ../nbs/75_flux_dashboard.ipynb #2f91a613

@@ -21,3 +21,13 @@ os.environ["COURSE_LIB_ROOT"] = str(ROOT)
 @pytest.fixture
 def root():
     return ROOT
+
+
+@pytest.fixture
+def widgets():
+    """The `ipywidgets` module (the test is skipped without it). In tests/test_widgets_colab.py's child run
+    $COURSE_LIB_EXPECT_IPYWIDGETS names the version it put first on the path: any other one fails the test."""
+    W = pytest.importorskip("ipywidgets")
+    want = os.environ.get("COURSE_LIB_EXPECT_IPYWIDGETS")
+    assert not want or W.__version__ == want, f"ipywidgets {W.__version__} from {W.__file__}, not {want}"
+    return W

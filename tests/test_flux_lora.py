@@ -214,8 +214,7 @@ def test_exercise_checkers(capsys):
     assert not r.passed and not r.done
 
 
-def test_dashboard_widgets(base, tmp_path):
-    pytest.importorskip("ipywidgets")
+def test_dashboard_widgets(base, tmp_path, widgets):
     dash = FluxLoRADashboard(base, tmp_path/"runs", tmp_path/"none", cfg(steps=2), headless=False)
     assert [c.__class__.__name__ for c in dash.ui.children] == ["VBox", "VBox", "VBox"]
     cfg(rank=3).save_preset(tmp_path/"p.json")
@@ -224,3 +223,65 @@ def test_dashboard_widgets(base, tmp_path):
     dash._act(lambda: dash.start("x"))             # no image folder: said in the status line
     dash._thread.join()
     assert "FileNotFoundError" in dash.status.value and "none does not exist" in dash.status.value
+
+
+def png_bytes(folder):
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.open(next(folder.glob("*.png"))).save(buf, format="png")
+    return buf.getvalue()
+
+
+def pick_files(upload, files):
+    """What the browser sends when the user picks `files` ((name, bytes) pairs) in a FileUpload, in the
+    installed ipywidgets' own format: 7.x sets `metadata` and `data`, then bumps `_counter` (which fills the
+    read-only `value`, a dict); 8 sets `value`, a list of dicts with the content."""
+    import ipywidgets
+    if ipywidgets.__version__.startswith("7."):
+        meta = [{"name": n, "type": "image/png", "size": len(b), "lastModified": 0} for n, b in files]
+        upload.set_state({"metadata": meta, "data": [memoryview(b) for _, b in files]})
+        upload.set_state({"_counter": upload._counter + 1})
+        assert isinstance(upload.value, dict) and len(upload.value) == len(files)
+    else:
+        upload.set_state({"value": [{"name": n, "type": "image/png", "size": len(b), "content": memoryview(b),
+                                     "last_modified": 0} for n, b in files]})
+        assert isinstance(upload.value, tuple) and len(upload.value) == len(files)
+
+
+def test_uploaded_files_reads_ipywidgets_7_and_8():
+    from course_lib.flux_dashboard import uploaded_files
+    v7 = {"a.png": {"metadata": {"name": "a.png", "type": "image/png", "size": 2}, "content": b"ab"}}
+    v8 = ({"name": "a.png", "type": "image/png", "size": 2, "content": memoryview(b"ab"),
+           "last_modified": 0},)
+    pairs = [("a.png", b"ab")]
+    assert uploaded_files(v7) == uploaded_files(v8) == uploaded_files(pairs) == pairs
+    assert uploaded_files({}) == uploaded_files(()) == []
+    with pytest.raises(TypeError, match="not an uploaded file"): uploaded_files(["a.png"])
+
+
+def test_dashboard_upload_tabs_and_presets_as_a_user(base, folder, tmp_path, widgets):
+    imgs = tmp_path/"imgs"
+    dash = FluxLoRADashboard(base, tmp_path/"runs", imgs, cfg(steps=2), headless=False)
+    titles = ["train", "images", "compare"]
+    major = int(widgets.__version__.split(".")[0])
+    native = list(dash.ui.titles) if major >= 8 else [dash.ui.get_title(i) for i in range(3)]  # 7: none
+    assert native == titles
+    button = {b.description: b for page in dash.ui.children for box in page.children
+              for b in getattr(box, "children", [box]) if isinstance(b, widgets.Button)}
+    pick_files(dash.w["upload"], [("x.png", png_bytes(folder))])
+    dash.w["caption"].value = "seven"
+    button["add images"].click()
+    assert (imgs/"x.png").is_file() and (imgs/"x.txt").read_text().strip() == "sks seven", dash.status.value
+    assert "1 images added" in dash.status.value
+    pick_files(dash.w["upload"], [("y.png", b"not an image")])
+    button["add images"].click()
+    assert "y.png is not a readable image" in dash.status.value and not (imgs/"y.png").exists()
+    dash.w["preset"].value = str(tmp_path/"p.json")
+    dash.w["rank"].value = 5
+    button["save preset"].click()
+    dash.w["rank"].value = 2
+    button["load preset"].click()
+    assert dash.w["rank"].value == 5 and dash._settings().rank == 5, dash.status.value
+    from course_lib.flux_dashboard import tab_titles
+    assert tab_titles(dash.ui) == titles

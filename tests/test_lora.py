@@ -255,6 +255,20 @@ def test_dashboard_headless_and_bad_size(tiny_base, trained):
     with pytest.raises(ValueError, match="rank"): LoRATrainConfig(rank=0)
 
 
+def test_dashboard_widgets_start_button(tiny_base, trained, widgets):
+    "The controls as a user sets them, then the start button: loss curve, preview grid and status filled in."
+    from course_lib.lora_train import LoRADashboard, LoRATrainConfig
+    _, _, ds, _ = trained
+    d = LoRADashboard(tiny_base, ds, LoRATrainConfig(prior_images=0), headless=False, autostart=False)
+    assert isinstance(d.ui, widgets.HBox) and d.button.description == "start"
+    for k, v in {"rank": 2, "steps": 2, "batch_size": 2, "preview_every": 2}.items(): d.w[k].value = v
+    d.button.click()
+    r = d.wait()
+    assert len(r.history) == 2 and r.config["rank"] == 2 and len(r.previews) == 1
+    assert d.status.value.startswith("done: 2 steps"), d.status.value
+    assert d.curve.value[:4] == d.grid.value[:4] == b"\x89PNG" and d.button.description == "start"
+
+
 def test_adapter_roundtrip_and_seeded_generation(tiny_base, trained):
     from course_lib.lora_io import save_adapter, load_adapter, read_adapter, set_adapters
     from course_lib.lora_train import generate
