@@ -204,8 +204,13 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
     _state.update(kind=kind, installed=True)
     # Module.to keeps each Parameter object (swapping its contents), so tied weights stay tied
     torch.__future__.set_swap_module_params_on_conversion(True)
+    # `with torch.device(d):` lists its factories once, on first use: list torch's own now, not the
+    # wrappers below, so `torch.tensor` in it still lands on `d` (transformers tests for 'meta')
+    from torch.utils._device import _device_constructors
+    _device_constructors()
     _patch_factories()
     _patch_tracers()
+    _patch_threads()
     _patch_generator(kind)
     _patch_cuda(bf16) if kind == "cuda" else _patch_mps()
     if hasattr(torch, "accelerator"): _patch_accelerator(kind)
@@ -241,7 +246,10 @@ def _set_data(self, new):
     """`x.data = y` across the CPU and the probe device (allowed between CPU and CUDA tensors, while
     torch refuses it between a plain tensor and a subclass): `x` keeps its identity and takes `y`'s
     values, as `Module.to` does with `swap_tensors`."""
-    if isinstance(self, ProbeTensor) == isinstance(new, ProbeTensor): return _DATA.__set__(self, new)
+    if isinstance(self, ProbeTensor) == isinstance(new, ProbeTensor):
+        _DATA.__set__(self, new)
+        if isinstance(new, ProbeTensor): self.elem = new.elem   # the values (a new dtype: a cast)
+        return
     rg, new = self.requires_grad, new.detach()
     if isinstance(self, torch.nn.Parameter): new = torch.nn.Parameter(new, requires_grad=rg)
     torch.utils.swap_tensors(self, new)
@@ -295,8 +303,22 @@ def _patch_factories():
     torch.tensor, torch.as_tensor = tensor, as_tensor
     torch.Tensor.to, torch.Tensor.new_tensor = to, new_tensor
     torch.Tensor.data = property(_get_data, _set_data)
+    # page-locked memory needs the driver; pinning is a speed hint (a DataLoader's pin_memory=True)
+    torch.Tensor.pin_memory = lambda self, *a, **k: self
     torch.Tensor.cuda = lambda self, *a, **k: self.to("cuda")
     torch.Tensor.mps = lambda self, *a, **k: self.to("mps")
+
+# %% ../nbs/09_device_probe.ipynb #2629f089
+def _patch_threads():
+    """Each new thread enters the probe's modes (they are thread-local): work a library does in a
+    thread (a dashboard's training, transformers' loading pool) follows the device's rules too."""
+    import threading
+    run = threading.Thread.run
+
+    @functools.wraps(run)
+    def probe_run(self):
+        with ProbeMode(), _GeneratorCheck(): return run(self)
+    threading.Thread.run = probe_run
 
 # %% ../nbs/09_device_probe.ipynb #b44126be
 def _patch_generator(kind):

@@ -242,11 +242,11 @@ def train_ncsn(config: NCSNConfig, progress: bool = False) -> tuple[NCSN, list[f
 
 # %% ../nbs/21_langevin.ipynb #3a12915f
 def load_ncsn(config: NCSNConfig | None = None, progress: bool = False,
-              retrain: bool = False) -> NCSN:
+              retrain: bool = False, device=None) -> NCSN:
     """The digits `NCSN` for `config` (default `NCSNConfig()`): loaded from `cache_dir('score',
     'ncsn')`, else trained with `train_ncsn` and cached (safetensors, file-locked).
     `retrain=True` trains again (a `StaleCacheWarning` on a cache hit says when the training code
-    changed since the model was made)."""
+    changed since the model was made). In eval mode on `get_device(device)`, trained or loaded."""
     from course_lib.cache import cached, code_fingerprint
     config = config or NCSNConfig()
     key, code = config.key(), code_fingerprint(train_ncsn)
@@ -256,7 +256,7 @@ def load_ncsn(config: NCSNConfig | None = None, progress: bool = False,
             model, losses = train_ncsn(config, progress)
             state = {"model": model.state_dict(), "losses": torch.tensor(losses)}
             save_checkpoint(path, state, {"config": json.dumps(asdict(config))})
-            return model
+            return model.to(get_device(device)).eval()
     model = NCSN(config)
     model.load_state_dict(load_checkpoint(path)[0]["model"])
-    return model.eval()
+    return model.to(get_device(device)).eval()

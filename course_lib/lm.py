@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .core import restore_pretrained, grad_enabled, cache_dir, seed_everything
+from .core import restore_pretrained, grad_enabled, cache_dir, seed_everything, get_device
 from .pile import mini_pile, read_jsonl_zst
 
 # %% auto #0
@@ -120,7 +120,7 @@ def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), acce
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions,
         n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    acc = accelerator or Accelerator(cpu=get_device().type == "cpu")   # honours COURSE_LIB_DEVICE
     model, opt, sched = acc.prepare(model, *_optimizer(model, cfg))
     at = set(eval_steps(cfg.steps, eval_points)) if eval_docs else set()
     hist, c0 = {"loss": [], "eval": []}, time.process_time()
@@ -144,11 +144,12 @@ def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), acce
 
 
 # %% ../nbs/62_tiny_gpt2.ipynb #118aa6f5
-def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retrain: bool = False):
+def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retrain: bool = False,
+              device=None):
     """The course's small GPT-2 trained on the mini-Pile's train split: loaded from the course cache
     (`cache_dir('pile', 'tiny-gpt2-<cfg.key()>')`, a Hugging Face directory usable by any tool),
     else trained and saved there (atomically, under a file lock). Returns
-    `(model, tokenizer, directory)`."""
+    `(model, tokenizer, directory)`, the model on `get_device(device)`."""
     from filelock import FileLock
     from transformers import AutoTokenizer, GPT2LMHeadModel
     from course_lib.cache import check_cached, code_fingerprint, record_cached
@@ -172,5 +173,6 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
         else:
             check_cached(d, key, code, "tiny_gpt2(cfg, retrain=True)")
     model = GPT2LMHeadModel.from_pretrained(str(d), local_files_only=True).eval()
+    model.to(get_device(device))
     tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
     return model, tok, d

@@ -68,28 +68,37 @@ def sample(self: GaussianMixture, n: int, generator: torch.Generator | None = No
 # %% ../nbs/20_score_matching.ipynb #943e8058
 @patch
 def _log_components(self: GaussianMixture, x, sigma=0.0, a=1.0):
-    x = torch.as_tensor(x).double()
-    sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1, 1)   # (B or 1, 1)
-    a = torch.as_tensor(a, dtype=torch.float64).reshape(-1, 1)
-    var = a**2 * self.stds[None]**2 + sigma**2                              # (B, K)
-    diff = x[:, None, :] - a[:, :, None] * self.means[None]                # (B, K, D)
-    logc = (self.weights.log()[None] - 0.5 * self.dim * torch.log(2 * math.pi * var)
+    "In float64 on `x`'s device, or on the CPU for an MPS `x` (MPS has no float64)."
+    x = torch.as_tensor(x)
+    host = torch.device("cpu") if x.device.type == "mps" else x.device
+    x = x.to(host, torch.float64)
+    sigma = torch.as_tensor(sigma, dtype=torch.float64, device=host).reshape(-1, 1)  # (B or 1, 1)
+    a = torch.as_tensor(a, dtype=torch.float64, device=host).reshape(-1, 1)
+    means, stds, weights = (t.to(host) for t in (self.means, self.stds, self.weights))
+    var = a**2 * stds[None]**2 + sigma**2                                   # (B, K)
+    diff = x[:, None, :] - a[:, :, None] * means[None]                     # (B, K, D)
+    logc = (weights.log()[None] - 0.5 * self.dim * torch.log(2 * math.pi * var)
             - 0.5 * (diff**2).sum(-1) / var)
     return logc, diff, var
+
+def _like(t: torch.Tensor, x) -> torch.Tensor:
+    "`t` on the device and in the dtype of `x`."
+    x = torch.as_tensor(x)
+    return t.to(device=x.device, dtype=x.dtype)
 
 @patch
 def log_prob(self: GaussianMixture, x: torch.Tensor, sigma=0.0, a=1.0) -> torch.Tensor:
     """log density (nats) of `x` `(B, D)` under the mixture perturbed to `a * x0 + sigma * z`;
     returns `(B,)`. `sigma`, `a`: floats or `(B,)` tensors."""
     logc, _, _ = self._log_components(x, sigma, a)
-    return torch.logsumexp(logc, -1).to(torch.as_tensor(x).dtype)
+    return _like(torch.logsumexp(logc, -1), x)
 
 # %% ../nbs/20_score_matching.ipynb #67e522cf
 @patch
 def responsibilities(self: GaussianMixture, x: torch.Tensor, sigma=0.0, a=1.0) -> torch.Tensor:
     "Posterior component probabilities `r_k(x)`, `(B, K)`."
     logc, _, _ = self._log_components(x, sigma, a)
-    return torch.softmax(logc, -1).to(torch.as_tensor(x).dtype)
+    return _like(torch.softmax(logc, -1), x)
 
 @patch
 def score(self: GaussianMixture, x: torch.Tensor, sigma=0.0, a=1.0) -> torch.Tensor:
@@ -97,7 +106,7 @@ def score(self: GaussianMixture, x: torch.Tensor, sigma=0.0, a=1.0) -> torch.Ten
     `sum_k r_k(x) (a mu_k - x) / (a^2 s_k^2 + sigma^2)`."""
     logc, diff, var = self._log_components(x, sigma, a)
     r = torch.softmax(logc, -1)                                            # (B, K)
-    return (-(r / var)[..., None] * diff).sum(1).to(torch.as_tensor(x).dtype)
+    return _like((-(r / var)[..., None] * diff).sum(1), x)
 
 # %% ../nbs/20_score_matching.ipynb #71b37802
 def make_mixture(kind: str = "four") -> GaussianMixture:
@@ -302,7 +311,7 @@ def score_error(score_fn: Callable, true_score: Callable, x: torch.Tensor, sigma
     E||s(x)||^2)` with `x` `(N, D)` drawn from the perturbed density `p_sigma` (so the average is
     weighted by the density). `score_fn(x, sigma)` is the model, `true_score(x)` the exact score
     of `p_sigma`. Returns a float (0 = exact)."""
-    s = score_fn(x, torch.full((x.shape[0],), float(sigma), dtype=x.dtype))
+    s = score_fn(x, torch.full((x.shape[0],), float(sigma), dtype=x.dtype, device=x.device))
     s_true = true_score(x)
     return float(((s - s_true).pow(2).sum(-1).mean() / s_true.pow(2).sum(-1).mean()).sqrt())
 
@@ -311,8 +320,9 @@ def relative_score_errors(model: Callable, gmm: GaussianMixture, sigmas: Sequenc
     """`score_error` of `model` against `gmm.score` at each of `sigmas`, on `n` fresh samples of the
     perturbed mixture."""
     g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device if isinstance(model, nn.Module) else torch.device("cpu")
     out = []
     for s in sigmas:
-        x = gmm.sample(n, g) + float(s) * torch.randn(n, gmm.dim, generator=g)
+        x = (gmm.sample(n, g) + float(s) * torch.randn(n, gmm.dim, generator=g)).to(dev)
         out.append(score_error(model, lambda y: gmm.score(y, float(s)), x, float(s)))
     return out

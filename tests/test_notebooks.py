@@ -33,9 +33,11 @@ NB_PROBE = os.environ.get("COURSE_LIB_NB_PROBE", "cuda")
 # The lessons that run to the end under the probe (each checked with `COURSE_LIB_NB_PROBE=cuda` and plainly); the
 # others still run plainly on the CPU here until their device faults are fixed (issue 27).
 PROBE_LESSONS = {"03_getting_started", "10_forward_process", "11_ddpm_training", "12_digits_classifier",
-                 "13_sampling", "22_sde", "30_frechet_distance", "31_is_kid", "33_fid_of_ddpm",
-                 "42_lora_training", "50_timm_registry", "51_transfer_learning", "52_inference_export",
-                 "53_vision_checkpoints", "60_pile_format"}
+                 "13_sampling", "20_score_matching", "21_langevin", "22_sde", "23_sde_digits",
+                 "30_frechet_distance", "31_is_kid", "32_torch_fidelity", "33_fid_of_ddpm",
+                 "40_lora_from_scratch", "41_lora_dataset", "42_lora_training", "43_lora_export",
+                 "50_timm_registry", "51_transfer_learning", "52_inference_export",
+                 "53_vision_checkpoints", "60_pile_format", "61_bits_per_byte", "62_tiny_gpt2"}
 # COURSE_LIB_NB_PROBE_EXTRA=51_transfer_learning,72_flux_mini tries more lessons under the probe (while fixing them)
 PROBE_LESSONS |= {s for s in os.environ.get("COURSE_LIB_NB_PROBE_EXTRA", "").split(",") if s}
 # Lessons that may leave the accelerator idle under the probe, and why; every other probed lesson must run
@@ -43,12 +45,17 @@ PROBE_LESSONS |= {s for s in os.environ.get("COURSE_LIB_NB_PROBE_EXTRA", "").spl
 CPU_ONLY = {
     "03_getting_started": "a tour of the course: it trains and samples nothing",
     "10_forward_process": "the forward process on a few images: closed-form arithmetic, no model",
+    "20_score_matching": "a 2-D score MLP of a few thousand parameters: too small to keep a GPU busy (it says so)",
+    "40_lora_from_scratch": "the LoRA arithmetic on one small linear layer and a parameter count: nothing to speed up",
+    "41_lora_dataset": "builds the concept's image set (files and a caption list): no model",
     "50_timm_registry": "the model registry: it builds models and counts parameters and FLOPs, nothing trains",
     "53_vision_checkpoints": "saves and reloads checkpoints (a library notebook): the file format, no training",
     "60_pile_format": "reads and counts jsonl.zst documents: no tensors",
+    "61_bits_per_byte": "the BPB arithmetic with compressors and an untrained toy GPT-2 on a few documents; the "
+                        "trained model of 62 scores on the accelerator",
 }
 # Probed lessons that still leave the accelerator idle (their models stay on the CPU): to move onto it (issue 27)
-IDLE_TODAY = {"22_sde"}
+IDLE_TODAY = {"22_sde", "23_sde_digits"}
 
 
 def quick_copy(unit, nb_path: Path, dest: Path) -> Path:

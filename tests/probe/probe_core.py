@@ -122,3 +122,10 @@ def test_data_assignment_across_devices():
     frozen = freeze_batch_norm_2d(bn)
     assert frozen.weight.device.type == DEV
     assert frozen(torch.randn(2, 3, 4, 4, device=DEV)).device.type == DEV
+
+
+def test_a_pinning_data_loader():
+    "A DataLoader with pin_memory=True (torch-fidelity's on CUDA) yields batches that move to the device."
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(6.0)), batch_size=3,
+                                     pin_memory=True)
+    assert [b.to(DEV).sum().item() for (b,) in dl] == [3.0, 12.0]

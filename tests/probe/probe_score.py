@@ -43,3 +43,12 @@ def test_ode_sampler_and_likelihood_on_the_device():
     nll_h, _, _ = ode_likelihood(sde, score_fn, x, trace="hutchinson", generator=torch.Generator(DEV).manual_seed(0),
                                  rtol=1e-3, atol=1e-3)
     assert nll_h.shape == (3,)
+
+
+def test_ncsn_trained_or_loaded_is_on_the_device(tmp_path, monkeypatch):
+    "On 767c4b0 `load_ncsn` returned a freshly trained model on the device but a cached one on the CPU."
+    from course_lib.langevin import NCSNConfig, load_ncsn
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
+    cfg = NCSNConfig(channels=(8, 8, 8), steps=2, batch_size=4)
+    for _ in ("trained", "loaded"):
+        assert next(load_ncsn(cfg).parameters()).device.type == DEV

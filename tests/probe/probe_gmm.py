@@ -1,0 +1,27 @@
+"""Unit 2's closed-form mixture and score errors with the data on the accelerator (under the device probe): the
+float64 density and score follow `x`'s device (on MPS, an explicit CPU step: MPS has no float64) and come back in
+`x`'s device and dtype; `score_error` makes its noise levels where `x` is. On 767c4b0 each mixed devices."""
+import torch
+
+from course_lib.device_probe import kind
+from course_lib.score_matching import ScoreMLP, make_mixture, relative_score_errors, score_error
+
+DEV = kind()
+
+
+def test_mixture_follows_x():
+    gmm = make_mixture("four")
+    x = torch.randn(5, 2, device=DEV)
+    for out in (gmm.log_prob(x, 0.5), gmm.score(x, torch.full((5,), 0.5, device=DEV)),
+                gmm.responsibilities(x)):
+        assert out.device.type == DEV and out.dtype == torch.float32
+    ref = make_mixture("four").score(x.cpu(), 0.5)
+    assert torch.allclose(gmm.score(x, 0.5).cpu(), ref)
+
+
+def test_score_errors_of_a_model_on_the_device():
+    gmm, model = make_mixture("four"), ScoreMLP(2, 16, 2).to(DEV).eval()
+    x = gmm.sample(64, torch.Generator().manual_seed(0)).to(DEV)
+    assert score_error(model, lambda y: gmm.score(y, 0.5), x, 0.5) > 0
+    errs = relative_score_errors(model, gmm, [0.1, 1.0], n=64)
+    assert len(errs) == 2 and all(e > 0 for e in errs)
