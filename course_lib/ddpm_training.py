@@ -311,6 +311,8 @@ def prepare(self, checkpoint_dir=None, resume: bool = True):
     self.model, self.opt = self.acc.prepare(self.model, self.opt)
     if state is not None:       # after prepare: the optimizer state follows the prepared weights
         self.opt.load_state_dict(state["optimizer"])
+        if self.acc.scaler is not None and state.get("grad_scaler"):   # fp16's loss scale
+            self.acc.scaler.load_state_dict(state["grad_scaler"])
     self.ema.to(self.acc.device)
     return self
 
@@ -323,6 +325,7 @@ def save(self, step: int):
                  "optimizer": self.opt.state_dict(), "lr_scheduler": self.lr_sched.state_dict(),
                  "step": step, "losses": self.losses,
                  "rng": {"torch": torch.get_rng_state(), "generator": self.gen.get_state()}}
+        if acc.scaler is not None: state["grad_scaler"] = acc.scaler.state_dict()
         meta = {"config": json.dumps(self.cfg.to_dict()), "step": str(step)}
         save_checkpoint(self.ck, state, meta)
     acc.wait_for_everyone()

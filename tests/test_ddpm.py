@@ -178,6 +178,25 @@ def test_killed_run_resumes_on_the_same_curve(tmp_path):
         assert torch.allclose(a, b, atol=1e-5), k                      # same EMA weights at the end
 
 
+def test_fp16_loss_scale_is_checkpointed_and_resumed(tmp_path):
+    """fp16 training keeps a GradScaler whose scale and growth counter are part of the run's state: the checkpoint
+    stores it and a resumed run continues it (on 767c4b0 a resumed fp16 run restarted at scale 65536, counter 0).
+    The CPU has no fp16 scaler in accelerate, so the test hands the trainer one (torch's CPU GradScaler)."""
+    from accelerate import Accelerator
+    def accelerator():
+        acc = Accelerator(cpu=True)
+        acc.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+        return acc
+    cfg = DDPMConfig(**TINY, steps=4, checkpoint_every=4)
+    train_ddpm(cfg, checkpoint_dir=tmp_path, progress=False, accelerator=accelerator())
+    saved = read_checkpoint(tmp_path)[0]["grad_scaler"]
+    assert saved["scale"] == 2.0**11 and saved["_growth_tracker"] == 1, saved    # grew after 3 steps
+    acc = accelerator()
+    train_ddpm(DDPMConfig(**TINY, steps=6, checkpoint_every=4), checkpoint_dir=tmp_path, progress=False,
+               accelerator=acc)
+    assert acc.scaler.get_scale() == 2.0**12 and acc.scaler._growth_tracker == 0   # 1 + 2 more: grew again
+
+
 SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from accelerate import Accelerator
