@@ -48,10 +48,16 @@ class ScheduleVPSDE(SDE):
     def T(self) -> float: return self._T
 
 # %% ../nbs/23_sde_digits.ipynb #7d703151
+def _t64(t) -> torch.Tensor:
+    "Times as float64 on the CPU (from any device)."
+    return torch.as_tensor(t).detach().to("cpu", torch.float64)
+
 @patch
 def log_alpha_bar(self: ScheduleVPSDE, t) -> torch.Tensor:
-    "`log alpha_bar(t)`, piecewise linear; `t` clamped to [0, 1]."
-    t = torch.as_tensor(t, dtype=torch.float64).clamp(0, 1)
+    """`log alpha_bar(t)`, piecewise linear; `t` clamped to [0, 1]. Like `beta` and
+    `model_timestep`, float64 on the CPU, where the tables are (MPS has no float64): callers move
+    the result to `x` (`.to(x)`)."""
+    t = _t64(t).clamp(0, 1)
     u = t * self.n_train
     i = u.floor().long().clamp(max=self.n_train - 1)
     w = u - i
@@ -63,7 +69,7 @@ def alpha_bar(self: ScheduleVPSDE, t) -> torch.Tensor: return self.log_alpha_bar
 @patch
 def beta(self: ScheduleVPSDE, t) -> torch.Tensor:
     "`beta(t) = -d log alpha_bar / dt` (piecewise constant: `-N log alpha_i` on step i)."
-    t = torch.as_tensor(t, dtype=torch.float64).clamp(0, 1)
+    t = _t64(t).clamp(0, 1)
     i = (t * self.n_train).ceil().long().clamp(1, self.n_train)
     return -(self._log_ab[i] - self._log_ab[i - 1]) * self.n_train
 
@@ -71,7 +77,7 @@ def beta(self: ScheduleVPSDE, t) -> torch.Tensor:
 def model_timestep(self: ScheduleVPSDE, t) -> torch.Tensor:
     """The DDPM timestep index of time `t` (fractional between grid points): `t N - 1`, clamped
     to [0, N - 1]."""
-    t = torch.as_tensor(t, dtype=torch.float64)
+    t = _t64(t)
     return (t * self.n_train - 1).clamp(0, self.n_train - 1)
 
 # %% ../nbs/23_sde_digits.ipynb #ac1b45db
@@ -101,6 +107,13 @@ def discretize(self: ScheduleVPSDE, x, t):
     return (_bc(alpha.sqrt(), x) - 1) * x, (1 - alpha).sqrt()
 
 # %% ../nbs/23_sde_digits.ipynb #510c37f2
+def _network(model: Callable, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`model(x, t).sample` computed on the model's device (a GPU, while the solver's arithmetic
+    stays where `x` is), returned on `x`'s device in `x`'s dtype."""
+    p = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    dev, dt = (p.device, p.dtype) if p is not None else (x.device, x.dtype)
+    return model(x.to(dev, dt), t.to(dev, dt)).sample.to(x.device, x.dtype)
+
 def ddpm_score_fn(model: Callable, sde: ScheduleVPSDE,
                   prediction_type: str = "epsilon") -> Callable:
     """A DDPM network (`model(x, timestep).sample`, e.g. a diffusers `UNet2DModel` from unit 1) as
@@ -115,7 +128,7 @@ def ddpm_score_fn(model: Callable, sde: ScheduleVPSDE,
         )
     def score_fn(x, t):
         t = _as_t(t, x)
-        out = model(x, sde.model_timestep(t).to(x)).sample
+        out = _network(model, x, sde.model_timestep(t))
         ab = _bc(sde.alpha_bar(t).to(x), x)
         eps = out if prediction_type == "epsilon" else ab.sqrt() * out + (1 - ab).sqrt() * x
         return -eps / (1 - ab).sqrt()
@@ -217,15 +230,16 @@ def ddpm_elbo_bpd(model: Callable, schedule, x0: torch.Tensor, prediction_type: 
     exactly, `sum_{t>=2} L_{t-1}` from `n_t` stratified timesteps per image (each KL with the
     posterior variance tilde-beta, unit 1's sampler), `L_0` the discretised Gaussian decoder with
     variance beta_1. `schedule`: unit 1's `NoiseSchedule`, and `model(x, t).sample` the network's
-    prediction. Returns `(B,)` float64 bits per dimension."""
+    prediction. Returns `(B,)` float64 bits per dimension, on the CPU: the float64 sums run there
+    (MPS has no float64), the network on its own device."""
     ab, betas = schedule.alpha_bar, schedule.betas
     B, D = x0.shape[0], x0[0].numel()
     def eps_hat(xt, t):
-        out = model(xt, t).sample.double()
+        out = _network(model, xt, t).double()
         a = _bc(ab[t], xt)
         if prediction_type == "epsilon": return out
         return a.sqrt() * out + (1 - a).sqrt() * xt.double()
-    x = x0.double()
+    x = x0.detach().to("cpu", torch.float64)   # the float64 sums on the CPU (MPS has none)
     # L_T = KL(q(x_T | x0) || N(0, I))
     a = ab[-1]
     L_T = 0.5 * ((a * x**2).flatten(1).sum(1) + D * ((1 - a) - 1 - torch.log(1 - a)))

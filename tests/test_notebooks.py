@@ -46,6 +46,8 @@ CPU_ONLY = {
     "03_getting_started": "a tour of the course: it trains and samples nothing",
     "10_forward_process": "the forward process on a few images: closed-form arithmetic, no model",
     "20_score_matching": "a 2-D score MLP of a few thousand parameters: too small to keep a GPU busy (it says so)",
+    "22_sde": "the solvers on the 2-D toy score model of 20, too small to keep a GPU busy (the lesson says so); "
+              "the solvers on images are probed in tests/probe/probe_score.py and run in 23",
     "40_lora_from_scratch": "the LoRA arithmetic on one small linear layer and a parameter count: nothing to speed up",
     "41_lora_dataset": "builds the concept's image set (files and a caption list): no model",
     "50_timm_registry": "the model registry: it builds models and counts parameters and FLOPs, nothing trains",
@@ -55,7 +57,7 @@ CPU_ONLY = {
                         "trained model of 62 scores on the accelerator",
 }
 # Probed lessons that still leave the accelerator idle (their models stay on the CPU): to move onto it (issue 27)
-IDLE_TODAY = {"22_sde", "23_sde_digits"}
+IDLE_TODAY: set[str] = set()
 
 
 def quick_copy(unit, nb_path: Path, dest: Path) -> Path:

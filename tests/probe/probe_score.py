@@ -52,3 +52,25 @@ def test_ncsn_trained_or_loaded_is_on_the_device(tmp_path, monkeypatch):
     cfg = NCSNConfig(channels=(8, 8, 8), steps=2, batch_size=4)
     for _ in ("trained", "loaded"):
         assert next(load_ncsn(cfg).parameters()).device.type == DEV
+
+
+@pytest.mark.parametrize("where", ["cpu", "device"])
+def test_ddpm_as_score_model_and_its_elbo(where):
+    """Unit 1's network on the device as a score model (`ddpm_score_fn`) and its ELBO (`ddpm_elbo_bpd`), with the
+    images on the CPU or the device: the network runs where it is, the float64 tables and sums stay on the CPU
+    (on 767c4b0 both mixed devices, and the tables' float64 would have reached an MPS device)."""
+    from course_lib.ddpm import DDPMConfig, make_unet
+    from course_lib.sde_digits import ScheduleVPSDE, ddpm_elbo_bpd, ddpm_score_fn
+    cfg = DDPMConfig(block_out_channels=(8, 16), norm_num_groups=8, num_train_timesteps=50)
+    unet = make_unet(cfg).to(DEV).eval()
+    schedule = cfg.schedule()
+    sde = ScheduleVPSDE.from_schedule(schedule, M=10)
+    x = torch.rand(2, 1, cfg.image_size, cfg.image_size) * 2 - 1
+    x = x if where == "cpu" else x.to(DEV)
+    with torch.no_grad():
+        s = ddpm_score_fn(unet, sde, cfg.prediction_type)(x, torch.full((2,), 0.5))
+    assert s.shape == x.shape and s.device == x.device
+    mean, std = sde.marginal_prob(x, 0.3)
+    assert mean.device == x.device
+    bpd = ddpm_elbo_bpd(unet, schedule, x, cfg.prediction_type, n_t=3, generator=torch.Generator().manual_seed(0))
+    assert bpd.shape == (2,) and torch.isfinite(bpd).all()
