@@ -19,11 +19,11 @@ from .core import patch_to
 from .ddpm_training import DDPMConfig
 
 # %% auto #0
-__all__ = ['SPACINGS', 'SAMPLERS', 'check_num_steps', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'sample', 'ExactGrid',
-           'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table', 'BETA_SCHEDULES', 'PREDICTION_TYPES',
-           'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION', 'diffusion_target',
-           'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset', 'ema_update',
-           'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached',
+__all__ = ['SPACINGS', 'SAMPLERS', 'check_num_steps', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample',
+           'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table', 'BETA_SCHEDULES',
+           'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'MIXED_PRECISION',
+           'diffusion_target', 'diffusion_loss', 'DDPMConfig', 'make_unet', 'CheckpointMismatch', 'default_dataset',
+           'ema_update', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached',
            'estimate_training_seconds']
 
 # %% ../nbs/13_sampling.ipynb #473e81a1
@@ -173,13 +173,24 @@ def _step_options(scheduler, generator, eta, step_kwargs) -> dict:
     return kw
 
 # %% ../nbs/13_sampling.ipynb #690a7ab7
+def randn_on(shape, generator: torch.Generator | None = None, device=None,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Standard normal noise of `shape`, drawn in float32 on the device of `generator` (a CPU or
+    an accelerator generator: either works; None: torch's global generator, on `device`), returned
+    on `device` (default: where it was drawn) in `dtype` (default float32). A CPU generator gives
+    the same noise whatever device the model is on."""
+    src = generator.device if generator is not None else torch.device(device or "cpu")
+    z = torch.randn(shape, generator=generator, device=src)
+    return z.to(device=device or src, dtype=dtype or torch.float32)
+
+
 def _sample_batch(model: nn.Module, scheduler, m: int, num_inference_steps: int, generator, y, kw,
                   callback, progress: bool) -> torch.Tensor:
     "`m` samples `(m, C, H, W)` float32 in [-1, 1] on the CPU: x_T, then one network call per step."
     C, H = model.config.in_channels, model.config.sample_size
     dev = next(model.parameters()).device
     scheduler.set_timesteps(num_inference_steps)
-    x = torch.randn((m, C, H, H), generator=generator).to(dev) * scheduler.init_noise_sigma  # x_T
+    x = randn_on((m, C, H, H), generator, dev) * scheduler.init_noise_sigma  # x_T
     yb = y.to(dev) if y is not None else None
     ts = tqdm(scheduler.timesteps, disable=not progress, desc=type(scheduler).__name__, leave=False)
     for i, t in enumerate(ts):
@@ -201,14 +212,14 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50,
     scheduler, e.g. `DDPMScheduler`, `DDIMScheduler`, `DPMSolverMultistepScheduler`, or our
     `AncestralSampler`, see `make_scheduler`).
 
-    `generator` draws x_T (on the CPU) and the samplers' noise. `class_labels`: an int or `(n,)`
-    ints for a class-conditional model (required then, refused otherwise). `eta`: passed to
-    `scheduler.step` (DDIM's eta). `batch_size`: images per network call. `callback(i, t, x_t)`:
-    after each step (for animations). `step_kwargs`: more options of `scheduler.step` (e.g. DDIM's
-    `use_clipped_model_output=True`). Returns `(images (n, C, H, W) uint8 in [0, 255], images
-    (n, C, H, W) float32 in [-1, 1])`. Raises `ValueError` for `n` < 1, `num_inference_steps`
-    outside [1, T], bad labels, or an `eta` or step option the scheduler does not take, and
-    `FloatingPointError` if the samples hold NaN or infinity (never returned as images)."""
+    `generator` (CPU or the model's device: see `randn_on`) draws x_T and the samplers' noise.
+    `class_labels`: an int or `(n,)` ints for a class-conditional model (required then, refused
+    otherwise). `eta`: passed to `scheduler.step` (DDIM's eta). `batch_size`: images per network
+    call. `callback(i, t, x_t)`: after each step (for animations). `step_kwargs`: more options of
+    `scheduler.step` (e.g. DDIM's `use_clipped_model_output=True`). Returns `(images (n, C, H, W)
+    uint8 in [0, 255], images (n, C, H, W) float32 in [-1, 1])`. Raises `ValueError` for `n` < 1,
+    `num_inference_steps` outside [1, T], bad labels, or an `eta` or step option the scheduler
+    does not take, and `FloatingPointError` if the samples hold NaN or infinity (never images)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n (the number of images) must be a positive int, got {n!r}")
     T = (scheduler.schedule.num_train_timesteps if isinstance(scheduler, AncestralSampler)

@@ -12,6 +12,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .core import patch_to
+
 # %% ../nbs/09_device_probe.ipynb #a780d922
 _HOST = torch.device("lazy")
 _CGenerator = torch._C.Generator
@@ -51,23 +53,36 @@ class ProbeTensor(torch.Tensor):
     def pin_memory(self, *a, **k):
         "The tensor itself: a device tensor needs no pinning (loaders pin before they move)."
         return self
-    # storage identity, as transformers and safetensors ask for it to find tied weights
-    def untyped_storage(self):
-        "The storage of the CPU values, so tied weights share one storage."
-        return self.elem.untyped_storage()
-    def storage(self):
-        "The typed storage of the CPU values."
-        return self.elem.storage()
-    def data_ptr(self):
-        "The address of the CPU values, so tied weights report one address."
-        return self.elem.data_ptr()
-    def __repr__(self, *, tensor_contents=None):
-        return f"ProbeTensor({self.elem!r}, device='{self.device}')"
-    def __reduce_ex__(self, proto): return (_rebuild, (self.elem,))
-    def numpy(self, *a, **k):
-        "Raises `TypeError`, as a CUDA or MPS tensor does: call `.cpu()` first."
-        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
-                        "Tensor.cpu() to copy the tensor to host memory first.")
+
+# %% ../nbs/09_device_probe.ipynb #ead113cc
+# storage identity, as transformers and safetensors ask for it to find tied weights
+@patch_to(ProbeTensor)
+def untyped_storage(self):
+    "The storage of the CPU values, so tied weights share one storage."
+    return self.elem.untyped_storage()
+
+@patch_to(ProbeTensor)
+def storage(self):
+    "The typed storage of the CPU values."
+    return self.elem.storage()
+
+@patch_to(ProbeTensor)
+def data_ptr(self):
+    "The address of the CPU values, so tied weights report one address."
+    return self.elem.data_ptr()
+
+@patch_to(ProbeTensor)
+def __repr__(self, *, tensor_contents=None):
+    return f"ProbeTensor({self.elem!r}, device='{self.device}')"
+
+@patch_to(ProbeTensor)
+def __reduce_ex__(self, proto): return (_rebuild, (self.elem,))
+
+@patch_to(ProbeTensor)
+def numpy(self, *a, **k):
+    "Raises `TypeError`, as a CUDA or MPS tensor does: call `.cpu()` first."
+    raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                    "Tensor.cpu() to copy the tensor to host memory first.")
 
 # %% ../nbs/09_device_probe.ipynb #41010588
 def _rebuild(elem): return _to_probe(elem)
@@ -223,7 +238,7 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
         _state["log"] = log
         atexit.register(_write_log, log)
 
-
+# %% ../nbs/09_device_probe.ipynb #5a682c7f
 def _write_log(path):
     """This process's count in the log, beside those of other processes sharing it (a notebook's
     kernel is killed at the end, so the count is written as it grows, not only at exit)."""
@@ -255,7 +270,7 @@ def _set_data(self, new):
     torch.utils.swap_tensors(self, new)
     self.requires_grad_(rg)
 
-
+# %% ../nbs/09_device_probe.ipynb #27fd7ccf
 def _patch_tracers():
     """`torch.jit.trace` and `torch.onnx.export` run with the probe's modes set aside: the tracer
     records what the modes' Python dispatch does, not the model (the library traces CPU copies)."""
@@ -271,7 +286,7 @@ def _patch_tracers():
     from torch import onnx
     onnx.export = aside(onnx.export)
 
-
+# %% ../nbs/09_device_probe.ipynb #9d3a0623
 def _patch_factories():
     _tensor, _as_tensor, _to = torch.tensor, torch.as_tensor, torch.Tensor.to
 
@@ -353,7 +368,7 @@ def _patch_cuda(bf16):
         setattr(c, f, lambda *a, **k: None)
     c.mem_get_info = lambda d=None: (16 * 2**30, 16 * 2**30)
 
-
+# %% ../nbs/09_device_probe.ipynb #9fe164fe
 def _patch_accelerator(kind):
     "`torch.accelerator` (which accelerate asks first) names the probe's device, not the build's."
     a = torch.accelerator

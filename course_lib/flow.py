@@ -21,7 +21,7 @@ from course_lib.core import (
     save_checkpoint,
 )
 from .data import to_uint8
-from .ddpm import DDPMConfig, default_dataset, ema_update, make_unet
+from .ddpm import DDPMConfig, default_dataset, ema_update, make_unet, randn_on
 from .guidance import drop_labels
 from .core import patch_to
 
@@ -36,12 +36,14 @@ TIME_SAMPLINGS = ("logit-normal", "uniform")
 def sample_time(n: int, kind: str = "logit-normal", mean: float = 0.0, std: float = 1.0,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """`n` training times in (0, 1), float32 `(n,)`: 'logit-normal' sigmoid(N(mean, std^2)) (SD3,
-    Esser et al. 2024) or 'uniform'. Raises `ValueError` for an unknown kind or std <= 0."""
+    Esser et al. 2024) or 'uniform', on the device of `generator` (CPU without one). Raises
+    `ValueError` for an unknown kind or std <= 0."""
+    dev = generator.device if generator is not None else None
     if kind not in TIME_SAMPLINGS:
         raise ValueError(f"unknown time sampling {kind!r}, choose one of {list(TIME_SAMPLINGS)}")
-    if kind == "uniform": return torch.rand(n, generator=generator)
+    if kind == "uniform": return torch.rand(n, generator=generator, device=dev)
     if not std > 0: raise ValueError(f"the logit-normal std must be > 0, got {std!r}")
-    return torch.sigmoid(mean + std * torch.randn(n, generator=generator))
+    return torch.sigmoid(mean + std * torch.randn(n, generator=generator, device=dev))
 
 def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     "x_t = (1 - t) x0 + t noise, `t` `(B,)` broadcast over `(B, ...)` images."
@@ -376,19 +378,21 @@ def sample_flow(model, n: int, num_steps: int = 20, class_labels=None, guidance_
                 batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
     """`n` images from a flow model with `num_steps` Euler steps: `(uint8, float in [-1, 1])`,
     `(n, C, H, W)`. `class_labels`: an int or `(n,)` ints in [0, num_classes) (None: unconditional,
-    for a model trained with label dropout). Raises `ValueError` for n < 1, num_steps < 1, an
-    unknown class or a guidance scale below 1."""
+    for a model trained with label dropout). `generator`: on the CPU or the model's device (the
+    noise is drawn there, then moved to the model). Raises `ValueError` for n < 1, num_steps < 1,
+    an unknown class or a guidance scale below 1."""
     cfg = model.flow_config
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
     check_steps(num_steps)
     y = _flow_labels(cfg, class_labels, n, guidance_scale)
-    dev, outs = next(model.parameters()).device, []
+    w, outs = next(model.parameters()), []
     for i in range(0, n, batch_size):
         m = min(batch_size, n - i)
-        noise = torch.randn((m, cfg.channels, cfg.image_size, cfg.image_size), generator=generator)
-        c = y[i : i + m].to(dev) if y is not None else None
-        x = euler_sample(model, noise.to(dev), num_steps, c, shift, guidance_scale)
+        shape = (m, cfg.channels, cfg.image_size, cfg.image_size)
+        noise = randn_on(shape, generator, w.device, w.dtype)  # drawn where the generator is
+        c = y[i : i + m].to(w.device) if y is not None else None
+        x = euler_sample(model, noise, num_steps, c, shift, guidance_scale)
         outs.append(x.float().cpu())
     x = torch.cat(outs).clamp(-1, 1)
     return to_uint8(x), x

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import cache_key, cached, code_fingerprint
-from .core import cache_dir, patch_to
+from .core import cache_dir, get_device, patch_to
 from .data import Digits
+from .ddpm import randn_on
 from .flow import FlowConfig, train_flow
 from .flux_parts import (
     DIGIT_NAMES, PROPERTY_SIZE, SLANT_WORDS, SPECIAL_TOKENS, THICKNESS_WORDS, TRIGGER_WORDS, VOCAB,
@@ -223,7 +224,7 @@ def train_vae(pipe, images: torch.Tensor, config: FluxMiniConfig, progress: bool
               kl_weight: float = 1e-3) -> list[float]:
     """Train `pipe.vae` on `images` `(N, 1, H, W)` in [-1, 1] for `config.vae_steps` steps (MSE +
     `kl_weight` x KL per latent element), then set its shift and scaling factors from the latents'
-    mean and std. Returns the losses."""
+    mean and std. Trains where the VAE is (CPU images are moved there). Returns the losses."""
     from tqdm.auto import tqdm
     vae, g = pipe.vae.train(), torch.Generator().manual_seed(config.seed)
     opt = torch.optim.AdamW(vae.parameters(), lr=config.vae_lr)
@@ -231,8 +232,9 @@ def train_vae(pipe, images: torch.Tensor, config: FluxMiniConfig, progress: bool
     with torch.enable_grad():
         for _ in tqdm(range(config.vae_steps), disable=not progress, desc="train_vae"):
             x = images[torch.randint(0, len(images), (config.batch_size,), generator=g)]
+            x = x.to(vae.device, vae.dtype)
             post = vae.encode(x).latent_dist
-            z = post.mean + post.std * torch.randn(post.mean.shape, generator=g)
+            z = post.mean + post.std * randn_on(post.mean.shape, g, x.device, x.dtype)
             kl = post.kl().mean() / post.mean[0].numel()
             loss = F.mse_loss(vae.decode(z).sample, x) + kl_weight * kl
             loss.backward()
@@ -249,9 +251,10 @@ def train_vae(pipe, images: torch.Tensor, config: FluxMiniConfig, progress: bool
 def encode_latents(pipe, images: torch.Tensor, normalise: bool = True,
                    batch_size: int = 512) -> torch.Tensor:
     """The VAE's posterior means of `images` `(N, 1, H, W)` in [-1, 1], `(N, C, H/f, W/f)`, with
-    `normalise`, as the flow sees them: (z - shift_factor) * scaling_factor."""
+    `normalise`, as the flow sees them: (z - shift_factor) * scaling_factor, on the VAE's device
+    and in its dtype (`images` may be on the CPU)."""
     vae = pipe.vae
-    z = torch.cat([vae.encode(images[i:i + batch_size]).latent_dist.mean
+    z = torch.cat([vae.encode(images[i:i + batch_size].to(vae.device, vae.dtype)).latent_dist.mean
                    for i in range(0, len(images), batch_size)])
     if normalise:
         z = (z - vae.config.shift_factor) * vae.config.scaling_factor
@@ -280,9 +283,10 @@ def caption_table(pipe, captions: list[str]):
 def train_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True):
     """A trained FLUX-mini `FluxPipeline`: `make_flux_pipeline`, captions of the digits' training
     split (`caption_digits`), `train_vae`, then rectified flow with caption dropout by
-    `course_lib.flow.train_flow` on the normalised latents. `pipe.history` holds the losses."""
+    `course_lib.flow.train_flow` on the normalised latents, all on `course_lib.core.get_device()`
+    (where the pipeline is returned). `pipe.history` holds the losses."""
     cfg = (config or FluxMiniConfig()).validate()
-    pipe = make_flux_pipeline(cfg)
+    pipe = make_flux_pipeline(cfg).to(get_device())
     ds = Digits("train", size=cfg.image_size)
     captions = caption_digits(ds.images, ds.labels)
     vae_losses = train_vae(pipe, ds.images, cfg, progress)
@@ -331,12 +335,15 @@ def save_flux_mini(pipe, folder) -> Path:
     return folder
 
 # %% ../nbs/72_flux_mini.ipynb #089de2cb
-def open_flux_mini(folder):
-    """`FluxPipeline.from_pretrained(folder)` (quietly, progress bar off), with `flux_config` and
-    `history` from its `flux_mini.json` when present."""
+def open_flux_mini(folder, device=None):
+    """`FluxPipeline.from_pretrained(folder)` (quietly, progress bar off) on the learner's device
+    (`course_lib.core.get_device(device)`: `$COURSE_LIB_DEVICE`, else a GPU if there is one), with
+    `flux_config` and `history` from its `flux_mini.json` when present. Raises `ValueError` for a
+    device that is not available."""
     from diffusers import FluxPipeline
+    dev = get_device(device)
     with _quiet():
-        pipe = FluxPipeline.from_pretrained(folder)
+        pipe = FluxPipeline.from_pretrained(folder).to(dev)
     pipe.set_progress_bar_config(disable=True)
     info_path = Path(folder) / "flux_mini.json"
     if info_path.is_file():
@@ -347,18 +354,19 @@ def open_flux_mini(folder):
 
 
 def load_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True,
-                   retrain: bool = False):
+                   retrain: bool = False, device=None):
     """The trained FLUX-mini `FluxPipeline` for `config` (default `FluxMiniConfig()`), from
     `cache_dir('models', 'flux', config.key())/pipeline`, else trained (`train_flux_mini`, about
     `config.estimated_minutes()` min on a CPU) and cached, file-locked, and a cache made by
-    other training code is flagged (`StaleCacheWarning`)."""
+    other training code is flagged (`StaleCacheWarning`). Opened on `device` (see
+    `open_flux_mini`)."""
     cfg = (config or FluxMiniConfig()).validate()
     key, code = cfg.key(), code_fingerprint(train_flux_mini)
     path = cache_dir("models", "flux", key) / "pipeline"
     with cached(path, key, code, retrain, "load_flux_mini(config, retrain=True)") as hit:
         if not hit:
             save_flux_mini(train_flux_mini(cfg, progress), path)
-    return open_flux_mini(path)
+    return open_flux_mini(path, device)
 
 # %% ../nbs/72_flux_mini.ipynb #6a7e59e3
 def check_size(pipe, height: int, width: int) -> None:
@@ -394,9 +402,10 @@ def check_prompts(pipe, prompts) -> list[str]:
 def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: int = 20,
              seed: int = 0, negative_prompt: str | None = None, height: int | None = None,
              width: int | None = None, batch_size: int = 256) -> torch.Tensor:
-    """Images `(B, 1, H, W)` float in [-1, 1], one per prompt, from `pipe(...)` with true
-    classifier-free guidance `guidance_scale` (>= 1, 1: none) against `negative_prompt` (default
-    ''), noise from `torch.Generator().manual_seed(seed)`, size default the model's own (see
+    """Images `(B, 1, H, W)` float32 in [-1, 1] on the CPU, one per prompt, from `pipe(...)` (run
+    on the pipeline's device) with true classifier-free guidance `guidance_scale` (>= 1, 1: none)
+    against `negative_prompt` (default ''), noise from `torch.Generator().manual_seed(seed)` (a CPU
+    generator: the same noise on every device), size default the model's own (see
     `check_size`)."""
     prompts = check_prompts(pipe, prompts)
     w = check_guidance_scale(guidance_scale)
@@ -414,7 +423,7 @@ def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: in
                 chunk, negative_prompt=neg, true_cfg_scale=w, height=height, width=width,
                 num_inference_steps=num_inference_steps, generator=g, output_type="pt",
                 max_sequence_length=pipe.tokenizer_2.model_max_length).images)
-    return torch.cat(out).float() * 2 - 1
+    return torch.cat(out).float().cpu() * 2 - 1
 
 # %% ../nbs/72_flux_mini.ipynb #b6970944
 def prompt_digit(prompt: str) -> int:

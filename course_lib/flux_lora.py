@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from .core import atomic_write, load_checkpoint, patch_to, save_checkpoint
 from .data import open_image, scan_image_folder
+from .ddpm import randn_on
 from .flow import TIME_SAMPLINGS, sample_time
 from .lora_data import DIGIT_WORDS, TRIGGER, fit_image, read_captions
 from .flux_lora_export import (check_flux_lora, load_flux_lora, lora_state, reduce_rank,
@@ -25,9 +26,9 @@ _all_ = ['check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save
 
 # %% auto #0
 __all__ = ['FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'ink_centroid',
-           'corner_rate', 'read_concept_folder', 'encode_images', 'encode_captions', 'flux_flow_loss', 'add_flux_lora',
-           'FluxLoRARun', 'train_flux_lora', 'flux_generate', 'check_flux_lora_update', 'check_svd_rank',
-           'check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save_flux_lora']
+           'corner_rate', 'read_concept_folder', 'encode_images', 'encode_captions', 'flux_flow_loss', 'base_dtype',
+           'add_flux_lora', 'FluxLoRARun', 'train_flux_lora', 'flux_generate', 'check_flux_lora_update',
+           'check_svd_rank', 'check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save_flux_lora']
 
 # %% ../nbs/73_flux_lora.ipynb #df05bead
 FLUX_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0",
@@ -212,21 +213,33 @@ def encode_captions(pipe, captions: Sequence[str], max_sequence_length: int | No
 def flux_flow_loss(transformer, x0: torch.Tensor, img_ids: torch.Tensor, embeds: torch.Tensor,
                    pooled: torch.Tensor, text_ids: torch.Tensor, t: torch.Tensor,
                    noise: torch.Tensor, guidance: float = 1.0) -> torch.Tensor:
-    "MSE between the transformer's velocity at `x_t` and `noise - x0` (tokens `(B, L, D)`)."
-    tt = t.to(x0).reshape(-1, 1, 1)
+    """MSE (float32) between the transformer's velocity at `x_t` and `noise - x0` (tokens
+    `(B, L, D)`). The inputs (latents, noise, times `(B,)`, guidance, text embeddings) are cast to
+    the dtype of the transformer's frozen weights, as diffusers' FLUX trainers do: a bfloat16 base
+    takes bfloat16 inputs while its LoRA weights stay float32 (peft casts for them)."""
+    dt = base_dtype(transformer)
+    x0, noise, t = x0.to(dtype=dt), noise.to(x0.device, dt), t.to(x0.device, dt)
+    tt = t.reshape(-1, 1, 1)
     xt = (1 - tt) * x0 + tt * noise
-    g = (torch.full((len(x0),), float(guidance), device=x0.device)
+    g = (torch.full((len(x0),), float(guidance), device=x0.device, dtype=dt)
          if transformer.config.guidance_embeds else None)
-    v = transformer(hidden_states=xt, timestep=t.to(x0), guidance=g, pooled_projections=pooled,
-                    encoder_hidden_states=embeds, txt_ids=text_ids, img_ids=img_ids,
+    v = transformer(hidden_states=xt, timestep=t, guidance=g, pooled_projections=pooled.to(dt),
+                    encoder_hidden_states=embeds.to(dt), txt_ids=text_ids, img_ids=img_ids,
                     return_dict=False)[0]
     return F.mse_loss(v.float(), (noise - x0).float())
+
+
+def base_dtype(model: nn.Module) -> torch.dtype:
+    "The dtype of `model`'s first floating-point weight outside its LoRA (no `lora_` in the name)."
+    return next(p.dtype for n, p in model.named_parameters()
+                if "lora_" not in n and p.is_floating_point())
 
 # %% ../nbs/73_flux_lora.ipynb #90a178ba
 def add_flux_lora(pipe, config: FluxLoRAConfig, adapter_name: str = "default") -> list:
     """Inject LoRA adapters `adapter_name` (rank, alpha, targets of `config`) into
     `pipe.transformer` (and `pipe.text_encoder` if `config.train_text_encoder`), freeze the rest.
-    Returns the trainable parameters."""
+    Returns the trainable parameters, float32 whatever the base's dtype (diffusers'
+    `cast_training_params`, as its FLUX LoRA trainer keeps them on a bfloat16 base)."""
     from peft import LoraConfig
     mods = [(pipe.transformer, config.target_modules)]
     if config.train_text_encoder: mods.append((pipe.text_encoder, CLIP_TARGETS))
@@ -240,7 +253,7 @@ def add_flux_lora(pipe, config: FluxLoRAConfig, adapter_name: str = "default") -
                             target_modules=list(targets))
             if m is pipe.transformer: m.add_adapter(lc, adapter_name=adapter_name)
             else: _inject(m, lc, adapter_name)
-    return [p for m, _ in mods for p in m.parameters() if p.requires_grad]
+    return _trainable([m for m, _ in mods])
 
 def _inject(model: nn.Module, lc, adapter_name: str) -> None:
     "peft's LoRA into a transformers model (its own `add_adapter` wants a newer peft)."
@@ -248,6 +261,12 @@ def _inject(model: nn.Module, lc, adapter_name: str) -> None:
     inject_adapter_in_model(lc, model, adapter_name=adapter_name)
     model.peft_config = {**(getattr(model, "peft_config", None) or {}), adapter_name: lc}
     for n, prm in model.named_parameters(): prm.requires_grad_("lora_" in n)
+
+def _trainable(mods: list) -> list:
+    "The trainable parameters of `mods`, cast to float32 (diffusers' `cast_training_params`)."
+    from diffusers.training_utils import cast_training_params
+    cast_training_params(list(mods), torch.float32)
+    return [p for m in mods for p in m.parameters() if p.requires_grad]
 
 
 # %% ../nbs/73_flux_lora.ipynb #825b8b7b
@@ -298,14 +317,14 @@ def _batch(data, cfg, g, pipe):
     idx = torch.randint(len(data["x0"]), (cfg.batch_size,), generator=g)
     x0, ids = data["x0"][idx], data["img_ids"]
     t = sample_time(cfg.batch_size, cfg.time_sampling, generator=g)
-    noise = torch.randn(x0.shape, generator=g)
+    noise = randn_on(x0.shape, g, x0.device, x0.dtype)
     if cfg.train_text_encoder:
         caps = [data["captions"][i] for i in idx.tolist()]
         emb, pooled, tids = pipe.encode_prompt(caps, None, device=x0.device,
                                                max_sequence_length=data["msl"])
     else: emb, pooled, tids = data["embeds"][idx], data["pooled"][idx], data["text_ids"]
     dev = pipe.transformer.device
-    return x0.to(dev), ids, emb, pooled, tids, t.to(dev), noise.to(dev)
+    return x0.to(dev), ids.to(dev), emb, pooled, tids, t.to(dev), noise.to(dev)
 
 def _step(pipe, data, cfg, step, params, opt) -> float:
     """One optimisation step: a batch of concept images (and of prior-preservation images,
@@ -350,7 +369,7 @@ def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | No
     if adapter_name not in (getattr(pipe.transformer, "peft_config", None) or {}):
         add_flux_lora(pipe, cfg, adapter_name)
     mods = [pipe.transformer] + ([pipe.text_encoder] if cfg.train_text_encoder else [])
-    params = [p for m in mods for p in m.parameters() if p.requires_grad]
+    params = _trainable(mods)   # float32 LoRA weights, on a float32 or a bfloat16 base
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     start, hist, secs = _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume)
     if run_dir: cfg.save_preset(Path(run_dir)/"preset.json")

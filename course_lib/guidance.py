@@ -28,8 +28,10 @@ def cfg_combine(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float)
 
 
 def drop_labels(y: torch.Tensor, p: float, null_class: int, generator=None) -> torch.Tensor:
-    "Label dropout: each label of `y` `(B,)` replaced by `null_class` with probability `p`."
-    drop = torch.rand(len(y), generator=generator) < p
+    """Label dropout: each label of `y` `(B,)` replaced by `null_class` with probability `p`, drawn
+    from `generator` (on the CPU or `y`'s device)."""
+    dev = generator.device if generator is not None else None
+    drop = torch.rand(len(y), generator=generator, device=dev) < p
     return torch.where(drop.to(y.device), torch.full_like(y, null_class), y)
 
 # %% ../nbs/70_guidance.ipynb #694e544e

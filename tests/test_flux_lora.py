@@ -285,3 +285,21 @@ def test_dashboard_upload_tabs_and_presets_as_a_user(base, folder, tmp_path, wid
     assert dash.w["rank"].value == 5 and dash._settings().rank == 5, dash.status.value
     from course_lib.flux_dashboard import tab_titles
     assert tab_titles(dash.ui) == titles
+
+
+def test_lora_on_a_bfloat16_base_trains_float32_weights(folder, tmp_path):
+    """How FLUX LoRAs are trained on a GPU: the base in bfloat16, the LoRA weights in float32 (diffusers'
+    train_dreambooth_lora_flux and its `cast_training_params`), the inputs cast to the base's dtype. Before,
+    the float32 noise and times met the bfloat16 weights: "mat1 and mat2 must have the same dtype"."""
+    pipe = make_flux_pipeline(FluxMiniConfig(**SMALL)).to(torch.bfloat16)
+    run = train_flux_lora(pipe, folder, cfg(steps=3, train_text_encoder=True), run_dir=tmp_path/"run",
+                          progress=False)
+    for part in (pipe.transformer, pipe.text_encoder):
+        lora = [p for n, p in part.named_parameters() if "lora_" in n]
+        assert lora and all(p.dtype == torch.float32 and p.requires_grad for p in lora)
+        assert all(p.dtype == torch.bfloat16 for n, p in part.named_parameters() if "lora_" not in n)
+    assert run.step == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in run.history)
+    more = train_flux_lora(pipe, folder, cfg(steps=4, train_text_encoder=True), run_dir=tmp_path/"run",
+                           progress=False)                   # resumed: float32 state into float32 weights
+    assert more.step == 4 and torch.isfinite(torch.tensor(more.history[-1]["loss"]))
+    assert torch.isfinite(gen(pipe)).all()

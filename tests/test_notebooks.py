@@ -37,7 +37,8 @@ PROBE_LESSONS = {"03_getting_started", "10_forward_process", "11_ddpm_training",
                  "30_frechet_distance", "31_is_kid", "32_torch_fidelity", "33_fid_of_ddpm",
                  "40_lora_from_scratch", "41_lora_dataset", "42_lora_training", "43_lora_export",
                  "50_timm_registry", "51_transfer_learning", "52_inference_export",
-                 "53_vision_checkpoints", "60_pile_format", "61_bits_per_byte", "62_tiny_gpt2"}
+                 "53_vision_checkpoints", "60_pile_format", "61_bits_per_byte", "62_tiny_gpt2",
+                 "70_guidance", "71_flow_matching", "72_flux_mini", "73_flux_lora"}
 # COURSE_LIB_NB_PROBE_EXTRA=51_transfer_learning,72_flux_mini tries more lessons under the probe (while fixing them)
 PROBE_LESSONS |= {s for s in os.environ.get("COURSE_LIB_NB_PROBE_EXTRA", "").split(",") if s}
 # Lessons that may leave the accelerator idle under the probe, and why; every other probed lesson must run
