@@ -126,13 +126,15 @@ def check_flux_lora(pipe, path: str | os.PathLike) -> dict:
 
 # %% ../nbs/76_flux_lora_export.ipynb #234c33cd
 def load_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default") -> dict:
-    """`check_flux_lora`, then `pipe.load_lora_weights(path, adapter_name=...)`. Returns the
-    training metadata (`course_lib.training`, parsed, empty for files from elsewhere)."""
+    """`check_flux_lora`, then `pipe.load_lora_weights(folder, weight_name=file name,
+    adapter_name=...)` (the file named, so that diffusers before 0.40 loads it offline too). Returns
+    the training metadata (`course_lib.training`, parsed, empty for files from elsewhere)."""
     from diffusers.utils import logging as dlog
     meta = check_flux_lora(pipe, path)
     level = dlog.get_verbosity()
     if not any(k.startswith("text_encoder.") for k in _lora_shapes(Path(path))[0]):
         dlog.set_verbosity_error()         # no "no LoRA keys for CLIPTextModel" notice: none meant
-    try: pipe.load_lora_weights(str(path), adapter_name=adapter_name)
+    path = Path(path)
+    try: pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=adapter_name)
     finally: dlog.set_verbosity(level)
     return json.loads(meta.get("course_lib.training", "{}"))

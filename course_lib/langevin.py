@@ -110,14 +110,14 @@ def geometric_sigmas(sigma_max: float, sigma_min: float, n_levels: int) -> torch
 def component_weights(x: torch.Tensor, gmm: GaussianMixture) -> torch.Tensor:
     """Share of the samples `x` `(N, D)` whose most probable component is `k`, `(K,)` float64 (sums
     to 1)."""
-    k = gmm.responsibilities(x).argmax(1)
+    k = gmm.responsibilities(x).argmax(1).cpu()          # float64 shares on the CPU (MPS has none)
     return torch.bincount(k, minlength=len(gmm)).double() / len(x)
 
 def energy_distance(x: torch.Tensor, y: torch.Tensor) -> float:
     """Energy distance `2 E||X-Y|| - E||X-X'|| - E||Y-Y'||` (Székely & Rizzo 2013) between samples
     `x` `(N, D)` and `y` `(M, D)`, V-statistic (the same-set means include the zero diagonal), in
     the units of the data."""
-    x, y = x.double(), y.double()
+    x, y = x.detach().cpu().double(), y.detach().cpu().double()   # float64 on the CPU
     return float(2 * torch.cdist(x, y).mean() - torch.cdist(x, x).mean() - torch.cdist(y, y).mean())
 
 # %% ../nbs/21_langevin.ipynb #eaa61ad2
@@ -133,7 +133,8 @@ def sliced_wasserstein(x: torch.Tensor, y: torch.Tensor, n_proj: int = 256, seed
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(x.shape[1], n_proj, generator=g, dtype=torch.float64)
     v = v / v.norm(dim=0, keepdim=True)
-    px, py = (x.double() @ v).sort(0).values, (y.double() @ v).sort(0).values
+    x, y = x.detach().cpu().double(), y.detach().cpu().double()   # where v is; MPS has no float64
+    px, py = (x @ v).sort(0).values, (y @ v).sort(0).values
     return float((px - py).pow(2).mean().sqrt())
 
 # %% ../nbs/21_langevin.ipynb #3ae72640

@@ -81,7 +81,9 @@ class DigitsFeatureExtractor(FeatureExtractorBase):
         # [-1, 1], as the classifier was trained
         x = x / 127.5 - 1.0
         f = self.classifier.features(x)                                        # (B, 128), one pass
-        out = {"128": f.double(), "logits_unbiased": self.classifier.head(f).double()}  # head(f)
+        logits = self.classifier.head(f)                                        # head(f)
+        # float64, as torch-fidelity's own extractors give, on the CPU (MPS has no float64)
+        out = {"128": f.cpu().double(), "logits_unbiased": logits.cpu().double()}
         return tuple(out[k] for k in self.features_list)
 
 # %% ../nbs/32_torch_fidelity.ipynb #3d7ba9f0
@@ -294,8 +296,8 @@ def extract_features(source, extractor: str = "digits", weights_path=None, batch
     with torch.no_grad():
         for b in tqdm(x.split(batch_size), disable=not progress, desc="features"):
             f, l = fe(b.to(dev))
-            feats.append(f.double().cpu())
-            logits.append(l.double().cpu())
+            feats.append(f.cpu().double())         # float64 on the CPU: MPS has none
+            logits.append(l.cpu().double())
     return {"features": torch.cat(feats), "logits": torch.cat(logits)}
 
 # %% ../nbs/32_torch_fidelity.ipynb #fb9405a3

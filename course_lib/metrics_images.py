@@ -26,7 +26,7 @@ def _float_to_uint8(x: torch.Tensor, value_range=None) -> torch.Tensor:
             x.is_floating_point() or x.dtype in (torch.int16, torch.int32, torch.int64)):
         raise TypeError(f"unsupported image dtype {x.dtype}; use uint8 in [0, 255] or float in "
                         "[-1, 1] / [0, 1]")
-    x = x.double()
+    x = x.detach().cpu().double()   # on the CPU, from any device (MPS has no float64)
     if not torch.isfinite(x).all():
         raise ValueError(f"{int((~torch.isfinite(x)).sum())} NaN/inf pixel value(s): the sampler "
                          "diverged or the images are broken")

@@ -102,7 +102,7 @@ def prior_logp(self: ScheduleVPSDE, z): return _gaussian_logp(z, 1.0)
 def discretize(self: ScheduleVPSDE, x, t):
     """DDPM's chain over `M` steps: `x_t = sqrt(alpha) x_{t - 1/M} + sqrt(1 - alpha) z`, `alpha
     = alpha_bar(t) / alpha_bar(t - 1/M)`."""
-    t = _as_t(t, x).double()
+    t = _as_t(t, x)
     alpha = (self.log_alpha_bar(t) - self.log_alpha_bar(t - 1.0 / self.N)).exp().to(x)
     return (_bc(alpha.sqrt(), x) - 1) * x, (1 - alpha).sqrt()
 

@@ -1,6 +1,7 @@
 """Unit 2's closed-form mixture and score errors with the data on the accelerator (under the device probe): the
 float64 density and score follow `x`'s device (on MPS, an explicit CPU step: MPS has no float64) and come back in
 `x`'s device and dtype; `score_error` makes its noise levels where `x` is. On 767c4b0 each mixed devices."""
+import pytest
 import torch
 
 from course_lib.device_probe import kind
@@ -25,3 +26,22 @@ def test_score_errors_of_a_model_on_the_device():
     assert score_error(model, lambda y: gmm.score(y, 0.5), x, 0.5) > 0
     errs = relative_score_errors(model, gmm, [0.1, 1.0], n=64)
     assert len(errs) == 2 and all(e > 0 for e in errs)
+
+
+def test_sample_distances_from_the_device():
+    """The sample statistics of unit 2 take samples on the device: float64 on the CPU (on 767c4b0
+    `sliced_wasserstein` mixed the device with its CPU directions, the others cast to float64 where MPS has none)."""
+    from course_lib.langevin import component_weights, energy_distance, sliced_wasserstein
+    gmm = make_mixture("four")
+    x = gmm.sample(32, torch.Generator().manual_seed(0)).to(DEV)
+    y = gmm.sample(32, torch.Generator().manual_seed(1))
+    assert abs(float(component_weights(x, gmm).sum()) - 1) < 1e-12
+    assert energy_distance(x, y.to(DEV)) == pytest.approx(energy_distance(x.cpu(), y))
+    assert sliced_wasserstein(x, y.to(DEV)) == pytest.approx(sliced_wasserstein(x.cpu(), y))
+
+
+def test_float_images_from_the_device_to_uint8():
+    from course_lib.metrics_images import as_uint8_images
+    x = torch.rand(4, 1, 8, 8, device=DEV) * 2 - 1
+    u = as_uint8_images(x)
+    assert u.dtype == torch.uint8 and u.shape[0] == 4
