@@ -305,11 +305,13 @@ def _patch_factories():
 
     @functools.wraps(_to)
     def to(self, *args, **kwargs):
+        copy = kwargs.pop("copy", False)           # _parse_to does not know it (GradScaler uses it)
         device, dtype, non_blocking, fmt = torch._C._nn._parse_to(*args, **kwargs)
         if device is not None: _fail_foreign(device)
-        if not _is_probe_device(device): return _to(self, *args, **kwargs)
+        if not _is_probe_device(device): return _to(self, *args, copy=copy, **kwargs)
         if not isinstance(self, ProbeTensor): return _to_probe(self, dtype)
-        return self if dtype in (None, self.dtype) else _to(self, dtype)
+        out = self if dtype in (None, self.dtype) else _to(self, dtype)
+        return out.clone() if copy and out is self else out
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
         device = device if device is not None else self.device

@@ -35,6 +35,10 @@ def _check_finite(x, step, step_size, where=""):
         )
 
 # %% ../nbs/21_langevin.ipynb #62ecc825
+def _gen_device(generator) -> torch.device:
+    "Where `generator` draws (a CPU or an accelerator generator), the CPU without one."
+    return generator.device if generator is not None else torch.device("cpu")
+
 @torch.no_grad()
 def langevin(score_fn: Callable, x: torch.Tensor, step_size: float, n_steps: int,
              generator: torch.Generator | None = None, return_path: bool = False,
@@ -50,7 +54,8 @@ def langevin(score_fn: Callable, x: torch.Tensor, step_size: float, n_steps: int
     if not step_size > 0: raise ValueError(f"step_size must be positive, got {step_size}")
     path = [x.clone()] if return_path else None
     for i in tqdm(range(n_steps), disable=not progress, desc="Langevin"):
-        z = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+        z = torch.randn(x.shape, generator=generator, dtype=x.dtype,
+                        device=_gen_device(generator)).to(x.device)
         x = x + 0.5 * step_size * score_fn(x) + math.sqrt(step_size) * z
         _check_finite(x, i + 1, step_size)
         if return_path: path.append(x.clone())
@@ -73,7 +78,7 @@ def annealed_langevin(score_fn: Callable, x: torch.Tensor, sigmas: Sequence[floa
     `ValueError` for sigmas that are not positive and decreasing, `LangevinDivergedError` when
     samples become non-finite (with a smaller `step_lr`)."""
     from tqdm.auto import tqdm
-    sigmas = torch.as_tensor(sigmas, dtype=torch.float64).reshape(-1)
+    sigmas = torch.as_tensor(sigmas).detach().to("cpu", torch.float64).reshape(-1)  # any device
     if (sigmas <= 0).any() or (sigmas[1:] >= sigmas[:-1]).any():
         raise ValueError(f"sigmas must be positive and strictly decreasing, got {sigmas.tolist()}")
     if not step_lr > 0: raise ValueError(f"step_lr must be positive, got {step_lr}")
@@ -84,7 +89,8 @@ def annealed_langevin(score_fn: Callable, x: torch.Tensor, sigmas: Sequence[floa
         alpha = step_lr * (sigma / float(sigmas[-1])) ** 2
         sig = torch.full((B,), sigma, dtype=x.dtype, device=x.device)
         for t in range(n_steps_each):
-            z = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+            z = torch.randn(x.shape, generator=generator, dtype=x.dtype,
+                            device=_gen_device(generator)).to(x.device)
             x = x + 0.5 * alpha * score_fn(x, sig) + math.sqrt(alpha) * z
             where = f" at noise level {i} (sigma={sigma:.4g}, step {alpha:.3g})"
             _check_finite(x, t + 1, step_lr, where)

@@ -60,8 +60,12 @@ class GaussianMixture:
 def sample(self: GaussianMixture, n: int, generator: torch.Generator | None = None,
            return_labels: bool = False):
     "`n` samples `(n, D)` float32 (and their component labels `(n,)` int64 if `return_labels`)."
-    k = torch.multinomial(self.weights, n, replacement=True, generator=generator)
-    z = torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
+    dev = generator.device if generator is not None else torch.device("cpu")   # either device
+    z64 = dev.type != "mps"                    # MPS has no float64: drawn in float32 there
+    w = self.weights.to(dev, torch.float64 if z64 else torch.float32)
+    k = torch.multinomial(w, n, replacement=True, generator=generator).cpu()
+    z = torch.randn(n, self.dim, generator=generator, device=dev,
+                    dtype=torch.float64 if z64 else torch.float32).cpu().double()
     x = (self.means[k] + self.stds[k, None] * z).float()
     return (x, k) if return_labels else x
 

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from .core import patch
-from .sde import SDE, _bc, _as_t, _gaussian_logp
+from .sde import SDE, _bc, _as_t, _gaussian_logp, _randn
 
 # %% auto #0
 __all__ = ['ScheduleVPSDE', 'ddpm_score_fn', 'dequantize', 'ddpm_vs_sde_step', 'sample_three_ways', 'ddpm_elbo_bpd']
@@ -92,8 +92,8 @@ def marginal_prob(self: ScheduleVPSDE, x, t):
     return _bc(ab.sqrt(), x) * x, (1 - ab).sqrt()
 
 @patch
-def prior_sampling(self: ScheduleVPSDE, shape, generator=None):
-    return torch.randn(*shape, generator=generator)
+def prior_sampling(self: ScheduleVPSDE, shape, generator=None, device=None):
+    return _randn(shape, generator, device)
 
 @patch
 def prior_logp(self: ScheduleVPSDE, z): return _gaussian_logp(z, 1.0)
@@ -180,9 +180,9 @@ def sample_three_ways(score_fn: Callable, sde: ScheduleVPSDE, x: torch.Tensor,
     B = x.shape[0]
     for k in tqdm(range(sde.N, 0, -1), disable=not progress, desc="three samplers"):
         t = k / sde.N
-        if k > 1: z = torch.randn(x.shape, generator=generator, dtype=x.dtype)
+        if k > 1: z = _randn(x.shape, generator, x.device, x.dtype)
         else: z = torch.zeros_like(x)
-        tt = torch.full((B,), t, dtype=x.dtype)
+        tt = torch.full((B,), t, dtype=x.dtype, device=x.device)
         std = float((1 - sde.alpha_bar(t)).sqrt())
         for name in xs:
             eps = -score_fn(xs[name], tt) * std
@@ -201,6 +201,15 @@ def _discretized_gaussian_nll(x0: torch.Tensor, mean: torch.Tensor, std: float) 
     return -(upper - lower).clamp(min=1e-12).log().flatten(1).sum(1)
 
 # %% ../nbs/23_sde_digits.ipynb #fb8e60c7
+def _gdev(generator) -> torch.device:
+    return generator.device if generator is not None else torch.device("cpu")
+
+def _randn64(shape, generator=None) -> torch.Tensor:
+    "float64 normal noise on the CPU, drawn on the generator's device (float32 there on MPS)."
+    dev = _gdev(generator)
+    dt = torch.float32 if dev.type == "mps" else torch.float64
+    return torch.randn(shape, generator=generator, device=dev, dtype=dt).cpu().double()
+
 def _elbo_middle(eps_hat: Callable, ab: torch.Tensor, betas: torch.Tensor, x: torch.Tensor,
                  n_t: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """`sum_{t=2..N} L_{t-1}` (nats, `(B,)`) for images `x` `(B, ...)` float64, by stratified Monte
@@ -210,9 +219,9 @@ def _elbo_middle(eps_hat: Callable, ab: torch.Tensor, betas: torch.Tensor, x: to
     L_mid = torch.zeros(B, dtype=torch.float64)
     edges = torch.linspace(1, N - 1, n_t + 1)
     for j in range(n_t):
-        u = torch.rand(B, generator=generator)
+        u = torch.rand(B, generator=generator, device=_gdev(generator)).cpu()
         t = (edges[j] + (edges[j + 1] - edges[j]) * u).long().clamp(1, N - 1)
-        eps = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+        eps = _randn64(x.shape, generator)
         xt = _bc(ab[t].sqrt(), x) * x + _bc((1 - ab[t]).sqrt(), x) * eps
         e = eps_hat(xt.float(), t)
         # the two means differ by coef (e - eps); the variance is tilde beta_t
@@ -248,7 +257,7 @@ def ddpm_elbo_bpd(model: Callable, schedule, x0: torch.Tensor, prediction_type: 
     # L_0: discretised decoder p(x0 | x1), mean from the model at t = 0
     # (diffusers' index of the first step)
     t0 = torch.zeros(B, dtype=torch.long)
-    eps = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+    eps = _randn64(x.shape, generator)
     x1 = ab[0].sqrt() * x + (1 - ab[0]).sqrt() * eps
     mean = (x1 - betas[0] / (1 - ab[0]).sqrt() * eps_hat(x1.float(), t0)) / (1 - betas[0]).sqrt()
     L_0 = _discretized_gaussian_nll(x, mean, float(betas[0].sqrt()))

@@ -135,7 +135,7 @@ def evaluate(model: nn.Module, ds, data_config: dict | None = None, batch_size: 
     correct = 0
     for i in range(0, len(ys), batch_size):
         x = normalize_images(xs[i:i + batch_size].to(device), data_config)
-        correct += (model(x).argmax(-1).cpu() == ys[i:i + batch_size]).sum().item()
+        correct += (model(x).argmax(-1).cpu() == ys[i:i + batch_size].cpu()).sum().item()
     model.train(was)
     return correct / max(1, len(ys))
 

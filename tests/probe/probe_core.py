@@ -129,3 +129,13 @@ def test_a_pinning_data_loader():
     dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(6.0)), batch_size=3,
                                      pin_memory=True)
     assert [b.to(DEV).sum().item() for (b,) in dl] == [3.0, 12.0]
+
+
+def test_to_with_copy():
+    "`Tensor.to(..., copy=True)` (fp16's GradScaler calls it) works on both sides, as on CUDA."
+    x = torch.ones(2)
+    assert x.to("cpu", copy=True) is not x and x.to(DEV, copy=True).device.type == DEV
+    y = torch.ones(2, device=DEV)
+    z = y.to(DEV, copy=True)
+    z.add_(1)
+    assert y.sum().item() == 2 and z.sum().item() == 4

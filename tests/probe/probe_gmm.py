@@ -45,3 +45,17 @@ def test_float_images_from_the_device_to_uint8():
     x = torch.rand(4, 1, 8, 8, device=DEV) * 2 - 1
     u = as_uint8_images(x)
     assert u.dtype == torch.uint8 and u.shape[0] == 4
+
+
+def test_generators_on_the_device_for_unit_2():
+    """A generator on the device draws for the mixture's samples, Langevin, annealed Langevin and the ELBO (on
+    f9f3a38 each refused it); MPS gets no float64 (sigmas given on the device)."""
+    from course_lib.langevin import annealed_langevin, langevin
+    g = torch.Generator(DEV).manual_seed(0)
+    gmm = make_mixture("four")
+    assert gmm.sample(5, generator=g).shape == (5, 2)
+    x = torch.randn(3, 2, device=DEV)
+    assert langevin(lambda y: -y, x, 0.1, 3, generator=g).device.type == DEV
+    sig = torch.tensor([1.0, 0.5], device=DEV)
+    out = annealed_langevin(lambda y, s: -y / s[:, None] ** 2, x, sig, n_steps_each=2, generator=g)
+    assert out.device.type == DEV

@@ -74,3 +74,20 @@ def test_ddpm_as_score_model_and_its_elbo(where):
     assert mean.device == x.device
     bpd = ddpm_elbo_bpd(unet, schedule, x, cfg.prediction_type, n_t=3, generator=torch.Generator().manual_seed(0))
     assert bpd.shape == (2,) and torch.isfinite(bpd).all()
+
+
+def test_schedule_sde_draws_its_own_start_and_elbo_takes_a_device_generator():
+    """`ScheduleVPSDE.prior_sampling` takes the device the solvers pass (on f9f3a38 a TypeError, on the CPU too),
+    and the ELBO draws with a generator on either device."""
+    from course_lib.ddpm import DDPMConfig, NoiseSchedule, make_unet
+    from course_lib.sde_digits import ScheduleVPSDE, ddpm_elbo_bpd
+    sde = ScheduleVPSDE(NoiseSchedule(30, "linear").alpha_bar)
+    for dev in ("cpu", DEV):
+        x = euler_maruyama_sampler(sde, lambda y, t: -y, (2, 3), n_steps=3, device=dev)
+        assert x.device.type == torch.device(dev).type and x.shape == (2, 3)
+    cfg = DDPMConfig(block_out_channels=(8, 16), norm_num_groups=8, num_train_timesteps=50)
+    unet = make_unet(cfg).to(DEV).eval()
+    x0 = torch.rand(2, 1, cfg.image_size, cfg.image_size) * 2 - 1
+    bpd = ddpm_elbo_bpd(unet, cfg.schedule(), x0, cfg.prediction_type, n_t=2,
+                        generator=torch.Generator(DEV).manual_seed(0))
+    assert torch.isfinite(bpd).all()
