@@ -4,7 +4,7 @@
 
 # %% ../nbs/61_bits_per_byte.ipynb #d390cfd8
 from __future__ import annotations
-import argparse, bz2, gzip, itertools, json, lzma, math, os, sys, warnings
+import argparse, bz2, gzip, itertools, json, lzma, math, os, sys, warnings, zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -15,9 +15,9 @@ import zstandard
 from .pile import load_corpus, pile_set_name, format_table, PileFormatError
 
 # %% auto #0
-__all__ = ['LN2', 'COMPRESSORS', 'n_bytes', 'BPBResult', 'compressor_bpb', 'zstd_dict_bpb', 'by_subset', 'compressor_table',
-           'rolling_windows', 'BPBReport', 'prefix_token_id', 'model_window', 'score_windows', 'bpb', 'load_local_lm',
-           'bpb_main']
+__all__ = ['LN2', 'COMPRESSORS', 'CODE_BYTES', 'n_bytes', 'BPBResult', 'zstd_code_bytes', 'code_bytes', 'compressor_bpb',
+           'zstd_dict_bpb', 'by_subset', 'compressor_table', 'rolling_windows', 'BPBReport', 'prefix_token_id',
+           'model_window', 'score_windows', 'bpb', 'load_local_lm', 'bpb_main']
 
 # %% ../nbs/61_bits_per_byte.ipynb #5ea05466
 LN2 = math.log(2)
@@ -75,23 +75,76 @@ COMPRESSORS = {
     "zstd-1": _zstd(1), "zstd-3": _zstd(3), "zstd-9": _zstd(9), "zstd-19": _zstd(19),
 }
 
+# %% ../nbs/61_bits_per_byte.ipynb #c2e4a6b8
+def zstd_code_bytes(frames: bytes) -> int:
+    """The bytes of zstd `frames` that code the content: their size less each frame's magic number
+    and frame header, its 3-byte block headers and its 4-byte content checksum (RFC 8878, sec. 3.1;
+    about 9 bytes a frame). Raises `ValueError` for data that is not zstd frames."""
+    pos, code = 0, 0
+    while pos < len(frames):
+        if frames[pos:pos + 4] != b"\x28\xb5\x2f\xfd":
+            raise ValueError(f"not a zstd frame at byte {pos}: {frames[pos:pos + 4]!r}")
+        head = zstandard.frame_header_size(frames[pos:pos + 18])
+        checksum, pos, last = frames[pos + 4] >> 2 & 1, pos + head, 0
+        while not last:
+            h = int.from_bytes(frames[pos:pos + 3], "little")
+            last, kind, size = h & 1, h >> 1 & 3, h >> 3
+            if kind == 3 or pos + 3 > len(frames):
+                raise ValueError(f"not a zstd block at byte {pos}")
+            n = 1 if kind == 1 else size   # an RLE block stores its byte once
+            code, pos = code + n, pos + 3 + n
+        pos += 4 * checksum
+    return code
+
+def _raw_deflate(level: int):   # gzip's deflate stream without its 18-byte header and trailer
+    def size(b: bytes) -> int:
+        c = zlib.compressobj(level, zlib.DEFLATED, -15)
+        return len(c.compress(b) + c.flush())
+    return size
+
+def _raw_lzma2(preset: int):    # lzma's LZMA2 stream without the .xz container (~60 bytes)
+    filters = [{"id": lzma.FILTER_LZMA2, "preset": preset}]
+    return lambda b: len(lzma.compress(b, format=lzma.FORMAT_RAW, filters=filters))
+
+# %% ../nbs/61_bits_per_byte.ipynb #d3f5b7c9
+CODE_BYTES = {   # method -> the compressed size of bytes without the container's framing
+    **{f"gzip-{k}": _raw_deflate(k) for k in (1, 6, 9)},
+    # bz2 has no raw mode: less the 4-byte stream header, the first block's 10-byte header and the
+    # 10-byte end-of-stream marker (an empty input: header and end marker only, 14 bytes)
+    "bz2-9": lambda b: len(COMPRESSORS["bz2-9"](b)) - (24 if b else 14),
+    "lzma-6": _raw_lzma2(6), "lzma-9e": _raw_lzma2(9 | lzma.PRESET_EXTREME),
+    **{f"zstd-{k}": (lambda f: lambda b: zstd_code_bytes(f(b)))(_zstd(k)) for k in (1, 3, 9, 19)},
+}
+
+def code_bytes(data: bytes, method: str = "zstd-19") -> int:
+    """The size in bytes of `data` compressed by `method` (a key of `COMPRESSORS`), without the
+    container's framing, which codes no text: gzip's header and trailer (18 bytes), the .xz
+    container of lzma, bz2's stream and block headers, zstd's frame and block headers. Raises
+    `KeyError` naming the valid methods."""
+    if method not in CODE_BYTES:
+        raise KeyError(f"unknown compressor {method!r}: choose one of {sorted(CODE_BYTES)}")
+    return CODE_BYTES[method](data)
+
 def compressor_bpb(texts: Iterable[str], method: str = "zstd-19") -> BPBResult:
-    """BPB of a compressor on `texts`, compressed as one stream (texts joined with '\\n'): 8 *
-    compressed bytes / UTF-8 bytes. `nll` is the code length in nats (8 C ln 2), `tokens` the
-    compressed size in bytes. `method`: a key of `COMPRESSORS` (raises `KeyError` naming the valid
-    ones)."""
+    """BPB of a compressor on `texts`, compressed as one stream (texts joined with '\\n', so that
+    the compressor codes where a document ends, as a language model codes its end-of-text token):
+    8 C / L_B with C the compressed size without framing (`code_bytes`) and L_B the texts' UTF-8
+    bytes, separators not counted, the denominator of the model's BPB. `nll` is the code length in
+    nats (8 C ln 2), `tokens` C, `bytes` L_B. `method`: a key of `COMPRESSORS` (raises `KeyError`
+    naming the valid ones)."""
     if method not in COMPRESSORS:
         raise KeyError(f"unknown compressor {method!r}: choose one of {sorted(COMPRESSORS)}")
     texts = list(texts)
-    data = "\n".join(texts).encode("utf-8")
-    c = len(COMPRESSORS[method](data))
-    return BPBResult(nll=8 * c * LN2, tokens=c, bytes=len(data), docs=len(texts))
+    c = code_bytes("\n".join(texts).encode("utf-8"), method)
+    return BPBResult(nll=8 * c * LN2, tokens=c, bytes=sum(map(n_bytes, texts)), docs=len(texts))
 
 # %% ../nbs/61_bits_per_byte.ipynb #ce7af4d7
 def zstd_dict_bpb(texts: Iterable[str], train_texts: Iterable[str], dict_size: int = 112_640,
                   level: int = 19) -> BPBResult:
     """BPB of zstd with a dictionary trained (`zstandard.train_dictionary`) on `train_texts`, each
-    text compressed separately."""
+    text compressed separately: C is the sum over the texts of their frames without framing
+    (`zstd_code_bytes`: no magic number, frame or block header, about 9 bytes a text), L_B the sum
+    of their UTF-8 bytes. The dictionary's own size is not counted (it is what was learnt)."""
     samples = [t.encode("utf-8") for t in train_texts if t]
     d = zstandard.train_dictionary(dict_size, samples)
     cctx = zstandard.ZstdCompressor(level=level, dict_data=d, write_content_size=False,
@@ -99,7 +152,7 @@ def zstd_dict_bpb(texts: Iterable[str], train_texts: Iterable[str], dict_size: i
     res = BPBResult()
     for t in texts:
         b = t.encode("utf-8")
-        c = len(cctx.compress(b))
+        c = zstd_code_bytes(cctx.compress(b))
         res.add(8 * c * LN2, c, len(b))
     return res
 

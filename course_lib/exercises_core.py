@@ -41,11 +41,14 @@ def _report(passed: bool, message: str, done: bool = True) -> CheckResult:
 
 
 def _fmt(v) -> str:
-    "A number as a learner wants to read it."
-    if isinstance(v, torch.Tensor): v = v.item()
-    if isinstance(v, (bool, np.bool_)): return str(bool(v))
-    if isinstance(v, (int, np.integer)): return str(int(v))
-    return f"{float(v):.6g}"
+    "A number as a learner wants to read it (its repr when it is not a real number)."
+    try:
+        if isinstance(v, torch.Tensor): v = v.item()
+        if isinstance(v, (bool, np.bool_)): return str(bool(v))
+        if isinstance(v, (int, np.integer)): return str(int(v))
+        return f"{float(v):.6g}"
+    except (TypeError, ValueError, RuntimeError):
+        return repr(v)[:80]
 
 
 def _tol(atol: float, rtol: float) -> str:
@@ -63,6 +66,9 @@ def _compare_tensor(got, want: torch.Tensor, atol: float, rtol: float, at: str) 
         return f"wrong shape{at}: expected {tuple(w.shape)}, got {tuple(g.shape)}"
     if g.dtype != w.dtype:
         return f"wrong dtype{at}: expected {w.dtype}, got {g.dtype}"
+    if g.device != w.device:
+        return (f"wrong device{at}: expected a tensor on {w.device}, got one on {g.device} "
+                f"(.to({str(w.device)!r}) moves it)")
     if w.numel() == 0: return None
     if w.dtype.is_floating_point or w.dtype.is_complex:
         close = torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
@@ -76,12 +82,22 @@ def _compare_tensor(got, want: torch.Tensor, atol: float, rtol: float, at: str) 
             f"got {_fmt(g[idx])}{tol}; "
             f"{n_bad} of {w.numel()} elements differ")
 
+# %% ../nbs/93_exercises_core.ipynb #a3c5e7f1
+def _short(v) -> str:
+    "A value's repr, cut to fit one line of a message."
+    r = repr(v).replace("\n", " ")
+    return r if len(r) <= 60 else r[:57] + "..."
+
 
 def _compare_number(got, want, atol: float, rtol: float, at: str) -> str | None:
-    if isinstance(got, (torch.Tensor, np.ndarray, np.generic)) and got.ndim == 0: got = got.item()
+    if isinstance(got, (torch.Tensor, np.ndarray, np.generic)):
+        if got.ndim != 0:
+            return (f"wrong type{at}: expected one number, got a {type(got).__name__} of shape "
+                    f"{tuple(got.shape)}")
+        got = got.item()
     if isinstance(want, bool) and not isinstance(got, (bool, np.bool_)):
         return f"wrong type{at}: expected a bool, got {type(got).__name__} {got!r}"
-    if not isinstance(got, (Real, np.number)):
+    if not isinstance(got, (Real, np.number)) or isinstance(got, np.complexfloating):
         return f"wrong type{at}: expected a number, got {type(got).__name__}"
     if isinstance(want, (bool, int, np.integer)):
         if got == want: return None
@@ -126,7 +142,34 @@ def _compare(got, want, atol: float = 1e-5, rtol: float = 1e-4, at: str = "") ->
         return next((d for i, (g, w) in enumerate(zip(got, want))
                      if (d := _compare(g, w, atol, rtol, (at or " in ") + f"[{i}]"))), None)
     if want is None: return None if got is None else f"expected None{at}, got {type(got).__name__}"
-    return None if got == want else f"wrong value{at}: expected {want!r}, got {got!r}"
+    try: same = bool(got == want)
+    except Exception: same = False   # e.g. a tensor compared with a number of values
+    return None if same else f"wrong value{at}: expected {want!r}, got {_short(got)}"
+
+# %% ../nbs/93_exercises_core.ipynb #c5e7a9b3
+_XLOGY_HINT = ("0·log 0 = 0: use torch.xlogy / torch.special.xlogy (scipy.special.xlogy for "
+               "NumPy) for p·log p, which gives 0 where p = 0")
+
+
+def _nonfinite(got, at: str = "") -> str | None:
+    """Where the first NaN or infinity of `got` sits, in words: tensors, arrays and floats, and
+    inside lists, tuples and dicts. None when every number in it is finite."""
+    if isinstance(got, (float, np.floating)):
+        return None if math.isfinite(got) else f"the value{at} is {float(got)}"
+    if isinstance(got, np.ndarray) and got.dtype.kind in "fc":
+        got = torch.as_tensor(got.astype(np.complex128 if got.dtype.kind == "c" else np.float64))
+    if isinstance(got, torch.Tensor) and (got.is_floating_point() or got.is_complex()):
+        bad = ~torch.isfinite(got.detach())
+        if not bool(bad.any()): return None
+        if got.ndim == 0: return f"the value{at} is {_fmt(got)}"
+        idx = tuple(bad.nonzero()[0].tolist())
+        return (f"{int(bad.sum())} of {got.numel()} elements{at} are NaN or infinite, the first "
+                f"at index {idx} ({_fmt(got[idx])})")
+    if isinstance(got, dict): items = got.items()
+    elif isinstance(got, (list, tuple)): items = enumerate(got)
+    else: return None
+    found = (_nonfinite(v, (at or " in ") + f"[{k!r}]") for k, v in items)
+    return next((f for f in found if f), None)
 
 # %% ../nbs/93_exercises_core.ipynb #8a98c4be
 Case = tuple[str, tuple]   # (label, arguments): one input a checker tries
@@ -146,34 +189,114 @@ def _diagnose(got, args: tuple, mistakes: dict[str, Callable] | None, atol: floa
             continue
     return None
 
+# %% ../nbs/93_exercises_core.ipynb #d6f8b0c4
+def _arrays_only(x) -> bool:
+    "Is `x` a tensor or array, or a non-empty list or tuple of them (what in-place edits change)?"
+    if isinstance(x, (torch.Tensor, np.ndarray)): return True
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(map(_arrays_only, x))
+
+
+def _changed_inputs(before: tuple, after: tuple, fn: Callable) -> str | None:
+    """Which tensor arguments `fn` changed in place (`after` is its copy of the arguments `before`),
+    in words, or None."""
+    try: names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError): names = []
+    hits = []
+    for i, (b, a) in enumerate(zip(before, after)):
+        try: changed = _arrays_only(b) and _compare(a, b, 0.0, 0.0) is not None
+        except Exception: changed = False
+        if changed: hits.append(f"`{names[i]}`" if i < len(names) else f"argument {i + 1}")
+    if not hits: return None
+    return (f"your function changed its input {', '.join(hits)} in place (an operation ending "
+            "in _, such as add_, or an assignment x[...] = ...): work on a copy (x = x.clone())")
+
+
+def _safe_compare(got, want, atol: float, rtol: float) -> str | None:
+    "`_compare`, with a failure inside it (an unusual type) in words instead of raised."
+    try:
+        return _compare(got, want, atol, rtol)
+    except Exception as e:
+        return (f"the checker could not compare your answer ({type(got).__name__}) with the "
+                f"expected {type(want).__name__}: {type(e).__name__}: {e}")
+
+# %% ../nbs/93_exercises_core.ipynb #e7a9c1d5
+def _wrong_answer(got, args: tuple, mine: tuple, learner_fn: Callable, diff: str, hint: str,
+                  mistakes: dict[str, Callable] | None, nonfinite_hint: str, atol: float,
+                  rtol: float) -> str:
+    """Why the learner's `got` on one case is wrong, in words: a NaN or infinity first (a NaN must
+    not match a mistake that also gives NaN), else the difference and the mistake it is, or `hint`;
+    then a note when the function changed its inputs (`mine`, its copy of `args`) in place."""
+    try: bad = _nonfinite(got)
+    except Exception: bad = None   # a tensor whose values cannot be read (another device)
+    if bad:
+        msg = (f"your answer is not finite: {bad}.\n  Hint: NaN and inf come from log(0), 0/0, "
+               "the square root of a negative number or an overflow: print the intermediate "
+               "values on this case")
+        msg += f".\n  Hint: {nonfinite_hint}." if nonfinite_hint else "."
+    else:
+        found = _diagnose(got, args, mistakes, atol, rtol)
+        why = f"this is what {found} gives" if found else hint
+        msg = f"{diff}." + (f"\n  Hint: {why}." if why else "")
+    moved = _changed_inputs(args, mine, learner_fn)
+    return msg + (f"\n  Note: {moved}." if moved else "")
+
+# %% ../nbs/93_exercises_core.ipynb #f8b0d2e6
+def _run_case(learner_fn: Callable, reference_fn: Callable, label: str, args: tuple,
+              accepted: dict[str, Callable], used: set[str] | None, name: str, hint: str,
+              mistakes: dict[str, Callable] | None, nonfinite_hint: str, atol: float,
+              rtol: float) -> CheckResult | set[str]:
+    """One case of `check`: the verdict when the learner's function fails it, else the accepted
+    answers (keys of `accepted`) that fit this case and every case before (`used`)."""
+    mine = copy.deepcopy(args)   # the learner's own copy: in-place edits change no case
+    try:
+        got = learner_fn(*mine)
+    except NotImplementedError:
+        return _report(False, f"{name}: {_NOT_DONE}", done=False)
+    except Exception as e:
+        return _report(False, f"{name}: your function raised {type(e).__name__} on the case "
+                              f"'{label}': {e}")
+    fits = {k for k, f in accepted.items()
+            if _safe_compare(got, _call(f, args), atol, rtol) is None}
+    if fits and used is not None and not used & fits:
+        return _report(False, f"{name}: on the case '{label}' your answer is "
+                              f"{' or '.join(sorted(fits))}, on the cases before "
+                              f"{' or '.join(sorted(used))}: pick one and use it everywhere")
+    if fits: return fits if used is None else used & fits
+    diff = _safe_compare(got, _call(reference_fn, args), atol, rtol)
+    return _report(False, f"{name}: not right yet on the case '{label}': "
+                   + _wrong_answer(got, args, mine, learner_fn, diff, hint, mistakes,
+                                   nonfinite_hint, atol, rtol))
+
 # %% ../nbs/93_exercises_core.ipynb #41c206ce
 def check(learner_fn: Callable, reference_fn: Callable, cases: Sequence[Case], hint: str = "",
           mistakes: dict[str, Callable] | None = None, name: str | None = None,
-          atol: float = 1e-5, rtol: float = 1e-4) -> CheckResult:
+          atol: float = 1e-5, rtol: float = 1e-4, nonfinite_hint: str = "",
+          variants: dict[str, Callable] | None = None) -> CheckResult:
     """Run `learner_fn` and `reference_fn` on every case `(label, args)`, print and return the
-    verdict.  The message names the first difference (type, shape, dtype, or the first element that
-    differs, with both values and the tolerance). `mistakes` maps a description of a usual mistake
-    to a function computing what that mistake gives: when the learner's result equals it, the hint
-    names the mistake, else `hint` is shown. A stub raising `NotImplementedError` gives "not done
-    yet", other exceptions are reported, never raised."""
+    verdict. The message names the first difference (type, shape, dtype, device, or the first
+    element that differs, with both values and the tolerance). An answer holding NaN or inf is said
+    to be so, and where, before any mistake is looked for (then `nonfinite_hint`, such as
+    `_XLOGY_HINT`). `mistakes` maps a description of a usual mistake to a function computing what
+    that mistake gives: when the learner's result equals it, the hint names the mistake, else
+    `hint` is shown. `variants` maps a description to each accepted answer, the reference among
+    them: a case passes when one fits, the same one on every case, and the verdict names it. A
+    stub raising `NotImplementedError` gives "not done yet"; other exceptions, any type of answer
+    and inputs changed in place are explained in words, never raised."""
     name = name or reference_fn.__name__.removeprefix("_ref_")
+    if not callable(learner_fn):
+        return _report(False, f"{name}: expected a function (def my_...), got "
+                              f"{type(learner_fn).__name__} {_short(learner_fn)}")
+    accepted, used = variants or {"": reference_fn}, None
     for label, args in cases:
-        try:
-            got = _call(learner_fn, args)
-        except NotImplementedError:
-            return _report(False, f"{name}: {_NOT_DONE}", done=False)
-        except Exception as e:
-            return _report(False, f"{name}: your function raised {type(e).__name__} on the case "
-                                  f"'{label}': {e}")
-        diff = _compare(got, _call(reference_fn, args), atol, rtol)
-        if diff:
-            found = _diagnose(got, args, mistakes, atol, rtol)
-            why = f"this is what {found} gives" if found else hint
-            return _report(False, f"{name}: not right yet on the case '{label}': {diff}."
-                                  + (f"\n  Hint: {why}." if why else ""))
+        used = _run_case(learner_fn, reference_fn, label, args, accepted, used, name, hint,
+                         mistakes, nonfinite_hint, atol, rtol)
+        if isinstance(used, CheckResult): return used
     edge = ", ".join(f"'{label}'" for label, _ in cases[1:])
     including = f" (including {edge})" if edge else ""
-    return _report(True, f"{name}: correct on {len(cases)} cases{including}")
+    which = [k for k in accepted if k in (used or ())]
+    chose = (f"; you used {' or '.join(which)} (accepted: {'; '.join(accepted)})"
+             if variants and which else "")
+    return _report(True, f"{name}: correct on {len(cases)} cases{including}{chose}")
 
 # %% ../nbs/93_exercises_core.ipynb #48cf9e37
 def check_value(value, lo: float, hi: float, why: str = "", name: str = "value") -> CheckResult:
@@ -196,6 +319,9 @@ def check_value(value, lo: float, hi: float, why: str = "", name: str = "value")
     if isinstance(value, bool) or not isinstance(value, (Real, np.number)):
         return _report(False, f"{name}: expected a number, got {type(value).__name__} {value!r}")
     v = float(value)
+    if not math.isfinite(v):
+        return _report(False, f"{name}: not right yet: {v} is not a finite number (NaN or inf come "
+                              "from log(0), 0/0 or an overflow)")
     ok = lo <= v <= hi
     verdict = "correct" if ok else "not right yet"
     where = "inside" if ok else "outside"

@@ -122,7 +122,8 @@ def check_snr_one(value) -> CheckResult:
 
 # %% ../nbs/94_exercises_ddpm.ipynb #211590cd
 def _toy_eps_model(xt, t):
-    "A fixed stand-in for the network: any function of (x_t, t) will do for checking a loss."
+    """A fixed stand-in for the network: any function of (x_t, t) will do for checking a loss. It
+    returns the predicted noise as a tensor (x_t's shape), not an output object: no `.sample`."""
     return 0.5 * xt + 0.01 * t.float().reshape(-1, *[1] * (xt.ndim - 1))
 
 
@@ -136,7 +137,8 @@ def _ref_ddpm_loss(model, x0, t, eps, alpha_bar):
 
 def check_ddpm_loss(fn: Callable) -> CheckResult:
     """Exercise: the epsilon-prediction loss for one batch, `fn(model, x0, t, eps, alpha_bar)` ->
-    scalar tensor."""
+    scalar tensor. `model(x_t, t)` is a toy function returning a tensor (not a UNet2DModel, whose
+    output object holds the tensor in `.sample`)."""
     g, ab, m = torch.Generator().manual_seed(0), _alpha_bar(20), _toy_eps_model
     x0, eps = _randn(4, 1, 4, 4, g=g), _randn(4, 1, 4, 4, g=g)
     cases = [("random timesteps", (m, x0, torch.tensor([3, 17, 9, 12]), eps, ab)),
@@ -225,7 +227,8 @@ def check_accuracy(fn: Callable) -> CheckResult:
 def _ref_ancestral_step(eps, t, xt, z, betas):
     """x_{t-1} from x_t (Ho et al. 2020, Algorithm 2, t counted from 0): the mean (x_t - beta_t /
     sqrt(1 - alpha_bar_t) eps) / sqrt(alpha_t), plus sigma_t z with sigma_t^2 = beta_t, and no noise
-    on the last step, t = 0. `t` is a Python int."""
+    on the last step, t = 0. `t` is a Python int. The checker accepts sigma_t^2 = tilde beta_t
+    too."""
     alpha = 1 - betas
     alpha_bar = torch.cumprod(alpha, dim=0)
     mean = (xt - betas[t] / (1 - alpha_bar[t]).sqrt() * eps) / alpha[t].sqrt()
@@ -233,20 +236,37 @@ def _ref_ancestral_step(eps, t, xt, z, betas):
     return mean + betas[t].sqrt() * z
 
 
+def _ancestral(eps, t, xt, z, betas, posterior: bool, root: bool = True):
+    """The step with sigma_t^2 = beta_t, or with `posterior` the posterior variance tilde beta_t =
+    (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t) beta_t (lesson 13's, diffusers' 'fixed_small'); Ho et
+    al. 2020, sec. 3.2, find both give similar samples. `root=False`: sigma_t^2 z, a mistake."""
+    ab = torch.cumprod(1 - betas, dim=0)
+    mean = (xt - betas[t] / (1 - ab[t]).sqrt() * eps) / (1 - betas[t]).sqrt()
+    if t == 0: return mean
+    var = (1 - ab[t - 1]) / (1 - ab[t]) * betas[t] if posterior else betas[t]
+    return mean + (var.sqrt() if root else var) * z
+
+# %% ../nbs/94_exercises_ddpm.ipynb #a7c9e1f3
 def check_ancestral_step(fn: Callable) -> CheckResult:
-    "Exercise: one step of DDPM's ancestral sampler; `fn(eps, t, xt, z, betas)` -> x_{t-1}."
+    """Exercise: one step of DDPM's ancestral sampler; `fn(eps, t, xt, z, betas)` -> x_{t-1}, with
+    sigma_t^2 = beta_t or tilde beta_t (both accepted, the verdict says which)."""
     g, b = torch.Generator().manual_seed(0), _betas(20)
     eps, xt, z = (_randn(2, 1, 4, 4, g=g) for _ in range(3))
     cases = [("t = 10", (eps, 10, xt, z, b)), ("the last step, t = 0", (eps, 0, xt, z, b)),
              ("the first step, t = T-1", (eps, 19, xt, z, b))]
+    variants = {"sigma_t^2 = beta_t (Algorithm 2)": _ref_ancestral_step,
+                "sigma_t^2 = tilde beta_t (the posterior variance)":
+                    lambda e, t, x, z, b: _ancestral(e, t, x, z, b, posterior=True)}
     mistakes = {
         "adding noise at t = 0 (Algorithm 2 sets z = 0 on the last step)":
             lambda e, t, x, z, b: _ref_ancestral_step(e, t, x, z, b)
             + (b[t].sqrt() * z if t == 0 else 0),
         "a missing square root on sigma_t (sigma_t^2 = beta_t)":
-            lambda e, t, x, z, b: _ref_ancestral_step(e, t, x, z * b[t].sqrt(), b)}
+            lambda e, t, x, z, b: _ancestral(e, t, x, z, b, posterior=False, root=False),
+        "a missing square root on sigma_t (sigma_t^2 = tilde beta_t)":
+            lambda e, t, x, z, b: _ancestral(e, t, x, z, b, posterior=True, root=False)}
     return check(fn, _ref_ancestral_step, cases, "follow Algorithm 2 line 4; alpha_t = 1 - beta_t",
-                 mistakes)
+                 mistakes, variants=variants)
 
 # %% ../nbs/94_exercises_ddpm.ipynb #2db63118
 @register_solution

@@ -174,10 +174,10 @@ def _ref_freeze_except_lora(model):
 
 def _trainable_names(fn: Callable) -> Callable:
     """What a freezing function leaves trainable, as a sorted list of names (the function may return
-    None)."""
+    None, or anything but a module: then the model it was given, changed in place, counts)."""
     def run(model):
         out = fn(model)
-        model = out if out is not None else model
+        model = out if isinstance(out, torch.nn.Module) else model
         return sorted(n for n, p in model.named_parameters() if p.requires_grad)
     run.__name__ = fn.__name__
     return run

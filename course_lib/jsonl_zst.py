@@ -4,7 +4,7 @@
 
 # %% ../nbs/63_jsonl_zst.ipynb #771ba08a
 from __future__ import annotations
-import json, os
+import gzip, json, os, zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +121,9 @@ class PileFormatError(ValueError):
 
 def _corrupt_message(offset, good_records, reason) -> str:
     at = f"compressed byte offset {offset}"
+    if reason.startswith("gzip"):
+        return (f"corrupt or truncated gzip stream at {at} after {good_records} good records "
+                f"({reason}); the records before it were read, re-download or re-create the file")
     if "checksum" in reason:
         return (f"zstd content checksum mismatch in the frame that ends at {at}: the file is "
                 f"damaged, and the {good_records} records read before it may include damaged ones "
@@ -266,11 +269,22 @@ def _plain_pieces(fh, stats: ReadStats) -> Iterator[tuple]:
         stats.uncompressed_bytes += n
         yield buf, n
 
+def _gz_pieces(fh, stats: ReadStats) -> Iterator[tuple]:
+    "A `.jsonl.gz` file's decompressed pieces; a damaged or truncated gzip stream is `_Corrupt`."
+    gz = gzip.GzipFile(fileobj=fh)
+    try:
+        for buf, n in _inline(gz.readinto):
+            stats.compressed_bytes = fh.tell()
+            stats.uncompressed_bytes += n
+            yield buf, n
+    except (OSError, EOFError, zlib.error) as e:   # gzip.BadGzipFile is an OSError
+        raise _Corrupt(fh.tell(), f"gzip: {e}") from None
+
 # %% ../nbs/63_jsonl_zst.ipynb #7ed527c5
 def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
                    threaded: bool = True, read_size: int = 1 << 22) -> Iterator[dict]:
-    """Stream the records of a Pile-format `.jsonl.zst` (or plain `.jsonl`) file as dicts
-    `{'text': str, 'meta': ...}`.
+    """Stream the records of a Pile-format `.jsonl.zst` (or plain `.jsonl`, or gzip `.jsonl.gz`;
+    the suffix in any case) file as dicts `{'text': str, 'meta': ...}`.
 
     Memory is bounded whatever the file size: three decompressed pieces of at most 4 MB (one with
     `threaded=False`) and `read_size` compressed bytes (read at a time). `errors`: 'strict' raises
@@ -293,7 +307,9 @@ def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadS
     stats = stats if stats is not None else ReadStats()
     stats.path = str(path)
     with open(path, "rb") as fh:
-        if path.suffix == ".zst": pieces = _zst_pieces(path, fh, stats, threaded, read_size)
+        kind = path.suffix.lower()   # .jsonl.zst, .JSONL.ZST, .jsonl.gz, else plain JSON lines
+        if kind == ".zst": pieces = _zst_pieces(path, fh, stats, threaded, read_size)
+        elif kind == ".gz": pieces = _gz_pieces(fh, stats)
         else: pieces = _plain_pieces(fh, stats)
         try: yield from _records(pieces, stats, strict)
         except _Corrupt as e:

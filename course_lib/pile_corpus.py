@@ -31,7 +31,7 @@ def _read_text(p: Path) -> str | None:
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".tex", ".html", ".json", ".csv", ".c", ".h", ".js",
                  ".java", ".go", ".rs")
 
-SHARD_SUFFIXES = (".jsonl.zst", ".jsonl", ".json.zst")
+SHARD_SUFFIXES = (".jsonl.zst", ".jsonl.gz", ".jsonl", ".json.zst")   # in any case: .JSONL.ZST
 
 def _json_array_records(path: Path, errors: str, stats: ReadStats | None) -> Iterator[dict] | None:
     """The records of a `.json.zst` holding one JSON array of texts (or records), as lm_dataformat's
@@ -62,15 +62,25 @@ def _array_items(items: list, stats: ReadStats, strict: bool) -> Iterator[dict]:
             stats.records += 1
             yield rec
 
+# %% ../nbs/65_pile_corpus.ipynb #e9b1c3d5
+def _is_shard(p: Path) -> bool: return p.name.lower().endswith(SHARD_SUFFIXES)
+
+def _refuse_empty_compressed(p: Path) -> None:
+    "A 0-byte `.zst` or `.gz` file is damaged (even no records compress to some bytes): say so."
+    if p.name.lower().endswith((".zst", ".gz")) and p.stat().st_size == 0:
+        raise PileFormatError(p, None, "the file is empty (0 bytes), so not a compressed stream: "
+                                       "a download or copy that stopped early? Re-create it, or "
+                                       "remove it if it should hold no records")
+
 # %% ../nbs/65_pile_corpus.ipynb #2b1627fe
 def _folder_files(path: Path) -> tuple[list[Path], list[Path], list[Path]]:
     """`(shards, text_files, skipped)` of a folder, each sorted: a folder that holds shards
-    (`SHARD_SUFFIXES`) is read as its shards, else as its text files (`TEXT_SUFFIXES`). `skipped`:
-    the other files. Files and folders whose name starts with '.' (temporary files, .git) are not
-    looked at."""
+    (`SHARD_SUFFIXES`, in any case) is read as its shards, else as its text files
+    (`TEXT_SUFFIXES`). `skipped`: the other files. Files and folders whose name starts with '.'
+    (temporary files, .git) are not looked at."""
     files = sorted(p for p in path.rglob("*") if p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(path).parts))
-    shards = [p for p in files if p.name.endswith(SHARD_SUFFIXES)]
+    shards = [p for p in files if _is_shard(p)]
     texts = [] if shards else [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
     read = set(shards or texts)
     return shards, texts, [p for p in files if p not in read]
@@ -104,21 +114,24 @@ def _text_file_records(path: Path, files: list[Path], errors: str,
 # %% ../nbs/65_pile_corpus.ipynb #5bec8dcd
 def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
                 threaded: bool = True) -> Iterator[dict]:
-    """Records from `path`: a `.jsonl.zst`, `.jsonl` or `.json.zst` file (lm_dataformat's one JSON
-    array of texts, read whole, or JSON lines), a folder holding such files (read in sorted order),
-    or a folder of text files (`TEXT_SUFFIXES`, each file a document whose `pile_set_name` is its
-    top-level sub-folder, or the folder's own name). A folder's other files are named in a warning
+    """Records from `path`: a `.jsonl.zst`, `.jsonl.gz`, `.jsonl` or `.json.zst` file (the last
+    lm_dataformat's one JSON array of texts, read whole, or JSON lines; suffixes in any case, so
+    `.JSONL.ZST` too), a folder holding such files (read in sorted order), or a folder of text
+    files (`TEXT_SUFFIXES`, each file a document whose `pile_set_name` is its top-level
+    sub-folder, or the folder's own name). A folder's other files are named in a warning
     (`skipped_files_note`), names starting with '.' are ignored. `errors`, `stats`, `threaded`: as
     in `read_jsonl_zst`. Raises `FileNotFoundError` for a missing path or a folder with nothing to
-    read."""
+    read, `PileFormatError` naming a 0-byte `.zst` or `.gz` file (damaged: a compressed stream is
+    never empty, even without records)."""
     path = Path(path)
     if path.is_file():
-        if path.name.endswith(".json.zst"):
+        _refuse_empty_compressed(path)
+        if path.name.lower().endswith(".json.zst"):
             recs = _json_array_records(path, errors, stats)
             if recs is not None:
                 yield from recs
                 return
-        if path.name.endswith(SHARD_SUFFIXES):
+        if _is_shard(path):
             yield from read_jsonl_zst(path, errors, stats, threaded)
             return
         raise ValueError(f"{path}: expected a {', '.join(SHARD_SUFFIXES)} file, or a folder")

@@ -375,8 +375,8 @@ def _likelihood_fn(rsde: ReverseSDE, shape: tuple, v: torch.Tensor | None, n_pro
     return fn
 
 # %% ../nbs/22_sde.ipynb #8d018f96
-def ode_likelihood(sde: SDE, score_fn: Callable, x: torch.Tensor, trace: str = "hutchinson",
-                   noise: str = "gaussian", n_probes: int = 1, rtol: float = 1e-5,
+def ode_likelihood(sde: SDE, score_fn: Callable, x: torch.Tensor, trace: str = "auto",
+                   noise: str = "rademacher", n_probes: int = 1, rtol: float = 1e-5,
                    atol: float = 1e-5, eps: float = 1e-5, method: str = "RK45",
                    generator: torch.Generator | None = None,
                    dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -385,18 +385,21 @@ def ode_likelihood(sde: SDE, score_fn: Callable, x: torch.Tensor, trace: str = "
     f~ dt]` from `t = eps` to `T` with `solve_ivp` and return `-(prior_logp(x(T)) + int div f~
     dt)`.
 
-    `trace`: 'hutchinson' (Skilling-Hutchinson estimator with `n_probes` fixed `noise` probes,
-    'gaussian' or 'rademacher', unbiased) or 'exact' (one backward pass per dimension, small `D`
-    only). The score runs on the device of `x`; the solver's state and `nll` are float64 on the
-    CPU. Returns `(nll (B,) float64 in nats, z = x(T) (B, ...) on x's device, nfe)`. Raises `ValueError` for an
-    unknown `trace` or `noise`."""
+    `trace`: 'exact' (one backward pass per dimension), 'hutchinson' (the Skilling-Hutchinson
+    estimator with `n_probes` `noise` probes, 'rademacher' or 'gaussian', fixed along each
+    trajectory: unbiased, but one Gaussian probe spreads a 2-D point's NLL by several nats) or
+    'auto' (exact for `D <= 16` dimensions, Hutchinson above; score_sde_pytorch's `likelihood.py`
+    defaults to Rademacher probes, as we do). The score runs on the device of `x`; the solver's
+    state and `nll` are float64 on the CPU. Returns `(nll (B,) float64 in nats, z = x(T) (B, ...)
+    on x's device, nfe)`. Raises `ValueError` for an unknown `trace` or `noise`."""
     from scipy.integrate import solve_ivp
-    if trace not in ("hutchinson", "exact"):
-        raise ValueError(f"trace must be 'hutchinson' or 'exact', got {trace!r}")
+    if trace not in ("auto", "hutchinson", "exact"):
+        raise ValueError(f"trace must be 'auto', 'hutchinson' or 'exact', got {trace!r}")
     if noise not in ("gaussian", "rademacher"):
         raise ValueError(f"noise must be 'gaussian' or 'rademacher', got {noise!r}")
     shape = tuple(x.shape)
     B, n = shape[0], int(np.prod(shape))
+    if trace == "auto": trace = "exact" if n // B <= 16 else "hutchinson"
     v = None
     if trace == "hutchinson":
         v = _randn((n_probes, *shape), generator, x.device, dtype)

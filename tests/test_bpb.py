@@ -1,9 +1,10 @@
 """course_lib.bpb: bits per byte against lm-evaluation-harness run on the same local model directory and documents,
 rolling/strided windows, compressors, the data-parallel evaluation (2 CPU processes) and `course bpb`."""
-import bz2, gzip, json, math, os, socket, subprocess, sys, textwrap
+import bz2, gzip, json, lzma, math, os, socket, subprocess, sys, textwrap
 
 import pytest
 import torch
+import zstandard
 
 from course_lib.bpb import (BPBResult, bpb, bpb_main, compressor_bpb, n_bytes, prefix_token_id, rolling_windows,
                             COMPRESSORS)
@@ -117,10 +118,59 @@ def test_strided_window_by_hand(tiny):
 def test_compressor_bpb():
     texts = [d["text"] for d in DOCS]
     data = "\n".join(texts).encode("utf-8")
-    assert compressor_bpb(texts, "gzip-9").bpb == pytest.approx(8 * len(gzip.compress(data, 9, mtime=0)) / len(data), rel=1e-12)
-    assert compressor_bpb(texts, "bz2-9").bpb == pytest.approx(8 * len(bz2.compress(data, 9)) / len(data), rel=1e-12)
+    L_B = sum(len(t.encode("utf-8")) for t in texts)
+    gz = compressor_bpb(texts, "gzip-9")
+    assert gz.bytes == L_B == len(data) - (len(texts) - 1)          # no '\n' separators in L_B
+    assert gz.tokens == len(gzip.compress(data, 9, mtime=0)) - 18    # no gzip header and trailer
+    assert gz.bpb == pytest.approx(8 * gz.tokens / L_B, rel=1e-12)
+    assert compressor_bpb(texts, "bz2-9").tokens == len(bz2.compress(data, 9)) - 24
+    xz = compressor_bpb(texts, "lzma-9e").tokens
+    assert xz == len(lzma.compress(data, format=lzma.FORMAT_RAW,
+                                   filters=[{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]))
+    assert len(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)) - xz > 40   # the .xz container is left out
     for m in COMPRESSORS: assert 0 < compressor_bpb(texts, m).bpb < 8
     with pytest.raises(KeyError, match="zstd-19"): compressor_bpb(texts, "rar")
+
+
+def test_compressor_bytes_are_the_documents_utf8_bytes():
+    "Was: L_B = len('\\n'.join(texts)), one byte too many a document; now the model's denominator."
+    from course_lib.bpb import BPBReport
+    texts = [d["text"] for d in DOCS]
+    for m in ("gzip-9", "zstd-19"):
+        assert compressor_bpb(texts, m).bytes == sum(n_bytes(t) for t in texts)
+    assert compressor_bpb(["a"] * 100, "zstd-19").bytes == 100
+
+
+def test_zstd_code_bytes_leaves_out_every_frame_header():
+    "A frame is magic (4) + frame header + 3 bytes a block (+ 4 with a checksum); measured with zstandard."
+    from course_lib.bpb import zstd_code_bytes
+    for kw in ({}, {"write_checksum": True}, {"write_content_size": False, "write_checksum": False}):
+        cctx = zstandard.ZstdCompressor(level=19, **kw)
+        for b in (b"", b"x", b"hello world " * 3, bytes(range(256)) * 900):   # raw, compressed, RLE, 2 blocks
+            f = cctx.compress(b)
+            blocks = max(1, -(-len(b) // (128 << 10)))
+            frame = zstandard.frame_header_size(f) + 3 * blocks + 4 * bool(kw.get("write_checksum"))
+            assert zstd_code_bytes(f) == len(f) - frame, (kw, len(b))
+    two = zstandard.ZstdCompressor().compress(b"ab") + zstandard.ZstdCompressor().compress(b"cd")
+    assert zstd_code_bytes(two) == 4   # two raw blocks of 2 bytes
+    with pytest.raises(ValueError, match="not a zstd frame"): zstd_code_bytes(b"not zstd at all")
+
+
+def test_per_document_zstd_bpb_counts_no_frame_header_per_document():
+    "Was: each document's frame (about 9 bytes = 72 bits) was counted, a floor of 72 / L_B bits a byte."
+    from course_lib.bpb import zstd_dict_bpb
+    train = [f"tiny doc number {i} about bits per byte" for i in range(300)]
+    docs = ["tiny doc"] * 50
+    r = zstd_dict_bpb(docs, train, dict_size=4096)
+    d = zstandard.train_dictionary(4096, [t.encode() for t in train])
+    cctx = zstandard.ZstdCompressor(level=19, dict_data=d, write_content_size=False, write_checksum=False,
+                                    write_dict_id=False)
+    frames = [cctx.compress(t.encode()) for t in docs]
+    empty = len(cctx.compress(b""))                  # a measured empty frame: 9 bytes
+    assert r.bytes == 8 * 50 and r.docs == 50
+    assert r.tokens == sum(len(f) - zstandard.frame_header_size(f) - 3 for f in frames)
+    assert sum(map(len, frames)) - r.tokens >= 50 * (empty - 3)   # at least the 6-byte header a document
+    assert r.bpb < 8 * sum(map(len, frames)) / r.bytes - 8 * 6 / 8
 
 
 def test_bpb_result_arithmetic():

@@ -49,11 +49,13 @@ def run(argv, capsys):
 def test_nothing_to_score_is_an_error(tiny, tmp_path, capsys):
     *_, d = tiny
     write_jsonl_zst(tmp_path / "empty-text.jsonl.zst", [{"text": "", "meta": {}}])
-    (tmp_path / "zero.jsonl.zst").write_bytes(b"")
-    for f in ("empty-text.jsonl.zst", "zero.jsonl.zst"):
-        rc, out, err = run(["--model", str(d), str(tmp_path / f), "--json"], capsys)
-        assert rc == 2, (f, out)
-        assert "no text to score" in err and f in err and out == ""
+    rc, out, err = run(["--model", str(d), str(tmp_path / "empty-text.jsonl.zst"), "--json"], capsys)
+    assert rc == 2, out
+    assert "no text to score" in err and "empty-text.jsonl.zst" in err and out == ""
+    (tmp_path / "zero.jsonl.zst").write_bytes(b"")   # 0 bytes: a damaged file, not an empty one (exit 1)
+    rc, out, err = run(["--model", str(d), str(tmp_path / "zero.jsonl.zst"), "--json"], capsys)
+    assert rc == 1 and out == "", out
+    assert "zero.jsonl.zst: the file is empty (0 bytes)" in err, err
 
 
 def test_json_stays_json_when_a_subset_has_no_bytes(tiny, tmp_path, capsys):

@@ -100,9 +100,61 @@ def test_json_zst_shards_in_a_folder_are_read_or_named(tmp_path, capsys):
     assert "skipped 1 file(s)" in err and "notes.txt" in err
 
 
+def test_gzip_and_upper_case_shards_in_a_folder_are_read(tmp_path, capsys):
+    "Was: .jsonl.gz and .JSONL.ZST shards were left out of a folder (only the command named them)."
+    import gzip
+    d = tmp_path / "shards"
+    d.mkdir()
+    zst = lambda recs: zstandard.ZstdCompressor().compress(jsonl(recs))
+    (d / "a.jsonl.zst").write_bytes(zst(LINES[:2]))
+    (d / "b.jsonl.gz").write_bytes(gzip.compress(jsonl(LINES[2:4])))
+    (d / "c.JSONL.ZST").write_bytes(zst(LINES[4:5]))
+    (d / "d.JSONL.GZ").write_bytes(gzip.compress(jsonl(LINES[5:6])))
+    (d / "e.Jsonl").write_bytes(jsonl(LINES[6:7]))
+    (d / "readme.bin").write_bytes(b"\x00")
+    with pytest.warns(UserWarning, match=r"skipped 1 file\(s\) that are not shards .*: readme.bin$"):
+        texts = [r["text"] for r in load_corpus(d)]
+    assert texts == [r["text"] for r in LINES[:7]]
+    assert [r["text"] for r in load_corpus(d / "c.JSONL.ZST")] == [LINES[4]["text"]]
+    st = ReadStats()
+    assert [r["text"] for r in read_jsonl_zst(d / "b.jsonl.gz", stats=st)] == [r["text"] for r in LINES[2:4]]
+    assert st.records == 2 and st.uncompressed_bytes == len(jsonl(LINES[2:4]))
+    rc, out, err = run_cli(["stats", str(d), "--json"], capsys)
+    assert rc == 0, err
+    assert sum(s["docs"] for s in json.loads(out)["subsets"][:-1]) == 7, out
+    assert "readme.bin" in err
+
+
+def test_a_truncated_gzip_shard_is_reported(tmp_path):
+    import gzip
+    data = gzip.compress(jsonl(LINES[:50]))
+    (tmp_path / "t.jsonl.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptStreamError, match=r"t.jsonl.gz: corrupt or truncated gzip stream .*gzip"):
+        list(load_corpus(tmp_path / "t.jsonl.gz"))
+
+
+@pytest.mark.parametrize("name", ["e.jsonl.zst", "e.JSONL.ZST", "e.json.zst", "e.jsonl.gz"])
+def test_a_zero_byte_compressed_shard_is_an_error(tmp_path, name):
+    "Was: a 0-byte .jsonl.zst read as a shard with no records, without a word."
+    (tmp_path / name).write_bytes(b"")
+    (tmp_path / "ok.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(jsonl(LINES[:1])))
+    for where in (tmp_path / name, tmp_path):   # the file, and the folder that holds it
+        with pytest.raises(PileFormatError, match=rf"{name}: the file is empty \(0 bytes\)"):
+            list(load_corpus(where))
+    empty_frame = tmp_path / "sub"
+    empty_frame.mkdir()
+    write_jsonl_zst(empty_frame / "none.jsonl.zst", [])   # a valid file of no records is still read
+    assert (empty_frame / "none.jsonl.zst").stat().st_size > 0 and list(load_corpus(empty_frame)) == []
+
+
+def test_a_zero_byte_plain_jsonl_is_an_empty_shard(tmp_path):
+    (tmp_path / "e.jsonl").write_bytes(b"")
+    assert list(load_corpus(tmp_path / "e.jsonl")) == []
+
+
 def test_a_folder_of_nothing_readable_names_what_it_holds(tmp_path):
     (tmp_path / "x.parquet").write_bytes(b"PAR1")
-    with pytest.raises(FileNotFoundError, match="holds no .jsonl.zst/.jsonl/.json.zst .*x.parquet"):
+    with pytest.raises(FileNotFoundError, match="holds no .jsonl.zst/.jsonl.gz/.jsonl/.json.zst .*x.parquet"):
         list(load_corpus(tmp_path))
 
 

@@ -84,3 +84,16 @@ def test_readme_python_version_matches_package():
             assert v == min_python, f"{doc.name} says Python {v}+ but settings.ini has min_python = {min_python}"
     assert re.search(rf"Python {re.escape(min_python)}\+", (ROOT / "README.md").read_text()), \
         "README.md does not state the minimum Python version"
+
+
+def test_readme_lists_every_lesson_unit_and_types_no_unit_count():
+    "The README's unit table has a row for each lesson unit (unit 7 was once missing) and no typed count of units."
+    import re
+    from course_lib.units import load_units
+    text = (ROOT / "README.md").read_text()
+    rows = {int(n): link for n, link in re.findall(r"^\| (\d+) \| \[[^]]+\]\(units/([^/]+)/README\.md\)", text, re.M)}
+    lessons = {u.number: u.name for u in load_units(ROOT) if not u.is_library}
+    assert rows == lessons, f"README's unit table {rows} differs from the units {lessons}"
+    words = "one two three four five six seven eight nine ten".split()
+    typed = re.findall(rf"\b({'|'.join(words)}) units\b", text, re.I)
+    assert not typed, f"README types a count of units ({typed}); the table is the count"

@@ -291,7 +291,7 @@ def test_ode_likelihood_ve_gaussian_and_hutchinson():
     # 256 points x 32 probes give a standard error of about 2.5% of the mean NLL; allow 4 standard errors
     x = torch.randn(256, 3, generator=gen(3), dtype=torch.float64)
     exact = 0.5 * 3 * math.log(2 * math.pi * var) + x.pow(2).sum(1) / (2 * var)
-    nll, _, _ = ode_likelihood(sde, sfn, x, noise="gaussian", n_probes=32, rtol=1e-4, atol=1e-4, dtype=torch.float64, generator=gen(4))
+    nll, _, _ = ode_likelihood(sde, sfn, x, trace="hutchinson", noise="gaussian", n_probes=32, rtol=1e-4, atol=1e-4, dtype=torch.float64, generator=gen(4))
     assert abs(float(nll.mean() / exact.mean()) - 1) < 0.1
 
 
@@ -302,6 +302,38 @@ def test_ode_likelihood_mixture_exact_score():
     nll, _, _ = ode_likelihood(vp, mixture_score_fn(gmm, vp), x, trace="exact", rtol=1e-6, atol=1e-6, dtype=torch.float64)
     # measured relative error 3.7e-5 (solver at rtol 1e-6, and t_min > 0); tolerance 2e-4, about 5x
     assert float(nll.mean()) == pytest.approx(float(-gmm.log_prob(x).mean()), rel=2e-4)
+
+
+def test_ode_likelihood_auto_takes_the_exact_trace_in_low_dimension():
+    # 2-D: the default ('auto') is the exact trace (two backward passes), so the NLL has no estimator noise.
+    # One Gaussian probe spread a 2-D point's NLL by about 7 nats in lesson 22 (and put the mean below the truth)
+    gmm, vp = make_mixture("four"), VPSDE()
+    x = gmm.sample(32, gen()).double()
+    sfn = mixture_score_fn(gmm, vp)
+    kw = dict(rtol=1e-5, atol=1e-5, dtype=torch.float64)
+    nll_auto, _, _ = ode_likelihood(vp, sfn, x, generator=gen(1), **kw)
+    nll_exact, _, _ = ode_likelihood(vp, sfn, x, trace="exact", **kw)
+    assert torch.allclose(nll_auto, nll_exact, rtol=1e-12, atol=0)
+    nll_g, _, _ = ode_likelihood(vp, sfn, x, trace="hutchinson", noise="gaussian", generator=gen(1), **kw)
+    assert (nll_g - nll_exact).std() > 0.1                   # the probe's noise, which 'auto' avoids here
+    with pytest.raises(ValueError, match="trace must be"):
+        ode_likelihood(vp, sfn, x, trace="hutch")
+
+
+@pytest.mark.parametrize("score", ["prior", "nonlinear"])
+def test_ode_nll_of_any_score_is_not_below_the_truth(score):
+    # The probability-flow ODE of any score pushes the prior forward: a normalised density. By Gibbs'
+    # inequality its mean NLL on the mixture's samples is at least the mixture's (the gap estimates a KL >= 0).
+    # Allow two standard errors of the paired gap (and the solver's error, far smaller at rtol 1e-5)
+    gmm, vp = make_mixture("four"), VPSDE()
+    x = gmm.sample(200, gen(5)).double()
+    if score == "prior":
+        sfn = lambda y, t: -y
+    else:                                     # a wrong, nonlinear, rotating field: still a density
+        sfn = lambda y, t: -y + 0.8 * torch.sin(2 * y).flip(1) + 0.3 * torch.tanh(y) * _bc(t, y)
+    nll, _, _ = ode_likelihood(vp, sfn, x, rtol=1e-5, atol=1e-5, dtype=torch.float64)
+    gap = nll + gmm.log_prob(x)
+    assert float(gap.mean()) > -2 * float(gap.std() / len(x) ** 0.5)
 
 
 def test_bits_and_dequantisation():
