@@ -27,8 +27,9 @@ _all_ = ['check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save
 # %% auto #0
 __all__ = ['FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'ink_centroid',
            'corner_rate', 'read_concept_folder', 'encode_images', 'encode_captions', 'flux_flow_loss', 'base_dtype',
-           'add_flux_lora', 'FluxLoRARun', 'train_flux_lora', 'flux_generate', 'check_flux_lora_update',
-           'check_svd_rank', 'check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save_flux_lora']
+           'check_lora_targets', 'add_flux_lora', 'FluxLoRARun', 'train_flux_lora', 'flux_generate',
+           'check_flux_lora_update', 'check_svd_rank', 'check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank',
+           'save_flux_lora']
 
 # %% ../nbs/73_flux_lora.ipynb #df05bead
 FLUX_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0",
@@ -70,7 +71,10 @@ class FluxLoRAConfig:
 @patch_to(FluxLoRAConfig)
 def validate(self) -> FluxLoRAConfig:
     "Raise `ValueError` naming the setting and its value when it cannot work."
-    self.target_modules = tuple(self.target_modules)
+    t = self.target_modules                          # a string is one module name
+    self.target_modules = (t,) if isinstance(t, str) else tuple(t)
+    if not self.target_modules or not all(isinstance(x, str) for x in self.target_modules):
+        raise ValueError(f"target_modules must be module names, got {t!r}")
     for k in ("rank", "steps", "batch_size", "checkpoint_every"):
         v = getattr(self, k)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -234,15 +238,32 @@ def base_dtype(model: nn.Module) -> torch.dtype:
     return next(p.dtype for n, p in model.named_parameters()
                 if "lora_" not in n and p.is_floating_point())
 
+# %% ../nbs/73_flux_lora.ipynb #5e2b9c41
+def check_lora_targets(model: nn.Module, targets: Sequence[str]) -> None:
+    """Raise `ValueError` naming every entry of `targets` that matches no `nn.Linear` of `model`
+    (the name or a dotted suffix of it, as peft matches a list) and the layer kinds it has: peft
+    adapts the others and drops such an entry without a word."""
+    import re
+    lin = [n for n, x in model.named_modules()
+           if isinstance(x, nn.Linear) or isinstance(getattr(x, "base_layer", None), nn.Linear)]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in lin)]
+    if missing:
+        kinds = sorted({re.sub(r"^.*?\.\d+\.", "", n) for n in lin})   # blocks.0.a.to_q -> a.to_q
+        raise ValueError(f"target_modules entries {missing} match no Linear layer of the "
+                         f"{type(model).__name__}; its Linear layers (per block): {kinds[:12]}"
+                         f"{' ...' if len(kinds) > 12 else ''}")
+
 # %% ../nbs/73_flux_lora.ipynb #90a178ba
 def add_flux_lora(pipe, config: FluxLoRAConfig, adapter_name: str = "default") -> list:
     """Inject LoRA adapters `adapter_name` (rank, alpha, targets of `config`) into
     `pipe.transformer` (and `pipe.text_encoder` if `config.train_text_encoder`), freeze the rest.
     Returns the trainable parameters, float32 whatever the base's dtype (diffusers'
-    `cast_training_params`, as its FLUX LoRA trainer keeps them on a bfloat16 base)."""
+    `cast_training_params`, as its FLUX LoRA trainer keeps them on a bfloat16 base). Raises
+    `ValueError` (`check_lora_targets`) for a target that matches no Linear layer."""
     from peft import LoraConfig
     mods = [(pipe.transformer, config.target_modules)]
     if config.train_text_encoder: mods.append((pipe.text_encoder, CLIP_TARGETS))
+    for m, targets in mods: check_lora_targets(m, targets)
     for m in (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2, pipe.vae):
         m.requires_grad_(False)
         m.eval()                     # frozen parts: no dropout (T5 has some)
@@ -267,7 +288,6 @@ def _trainable(mods: list) -> list:
     from diffusers.training_utils import cast_training_params
     cast_training_params(list(mods), torch.float32)
     return [p for m in mods for p in m.parameters() if p.requires_grad]
-
 
 # %% ../nbs/73_flux_lora.ipynb #825b8b7b
 @dataclass

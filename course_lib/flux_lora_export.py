@@ -28,29 +28,55 @@ def lora_state(pipe, adapter_name: str = "default") -> dict[str, dict[str, torch
     return out
 
 # %% ../nbs/76_flux_lora_export.ipynb #027752d3
-def reduce_rank(sd: dict[str, torch.Tensor], scale: float, rank: int) -> dict[str, torch.Tensor]:
-    """peft LoRA weights `sd` (pairs `<m>.lora_A.weight`, `<m>.lora_B.weight`, update
-    `scale * B @ A`) -> pairs of rank `rank` whose product (scale 1) is the best rank-`rank`
-    approximation of each update. Raises `ValueError` for a rank < 1 or above the adapter's."""
+def reduce_rank(sd: dict[str, torch.Tensor], scale: float | dict[str, float],
+                rank: int) -> dict[str, torch.Tensor]:
+    """peft LoRA weights `sd` (pairs `<m>.lora_A.weight` (r_m, in), `<m>.lora_B.weight` (out, r_m),
+    update `scale_m * B @ A`) -> float32 pairs of rank min(`rank`, r_m) whose product (scale 1) is
+    the best approximation of that rank of each update (truncated SVD, Eckart-Young). `scale`: one
+    float for every layer, or a dict `<m>` -> that layer's scale (peft's `scaling[adapter]`).
+    Raises `ValueError` for a rank < 1 or above the largest r_m, a layer missing from `scale`, or
+    weights other than lora_A / lora_B matrices (DoRA magnitudes, LoRA biases: not reducible)."""
+    other = sorted(k for k in sd if not k.endswith((".lora_A.weight", ".lora_B.weight")))
+    if other:
+        raise ValueError(f"only plain LoRA pairs can be reduced, got other weights: {other[:3]}")
+    pairs = [k[:-len(".lora_A.weight")] for k in sd if k.endswith(".lora_A.weight")]
+    top = max((sd[f"{m}.lora_A.weight"].shape[0] for m in pairs), default=0)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= top:
+        raise ValueError(f"rank must be in 1..{top} (the adapter's), got {rank!r}")
     out = {}
-    for ka in [k for k in sd if k.endswith("lora_A.weight")]:
-        kb = ka.replace("lora_A", "lora_B")
-        A, B = sd[ka].float(), sd[kb].float()
-        if not 1 <= rank <= A.shape[0]:
-            raise ValueError(f"rank must be in 1..{A.shape[0]} (the adapter's), got {rank!r}")
-        U, S, Vh = torch.linalg.svd(scale * B @ A, full_matrices=False)
-        out[kb], out[ka] = (U[:, :rank] * S[:rank]).contiguous(), Vh[:rank].contiguous()
+    for m in pairs:
+        if isinstance(scale, dict) and m not in scale:
+            raise ValueError(f"no scale for layer {m!r} (scales given for {sorted(scale)[:3]}...)")
+        s = scale[m] if isinstance(scale, dict) else scale
+        A, B = sd[f"{m}.lora_A.weight"].float(), sd[f"{m}.lora_B.weight"].float()
+        k = min(rank, A.shape[0])
+        U, S, Vh = torch.linalg.svd(s * B @ A, full_matrices=False)
+        out[f"{m}.lora_B.weight"] = (U[:, :k] * S[:k]).contiguous()
+        out[f"{m}.lora_A.weight"] = Vh[:k].contiguous()
     return out
 
 # %% ../nbs/76_flux_lora_export.ipynb #18525869
+def _layer_scales(model: nn.Module, adapter_name: str) -> dict[str, float]:
+    "Each LoRA layer's scale as peft resolved it (rsLoRA, rank_pattern, alpha_pattern), by name."
+    from peft.tuners.lora import LoraLayer
+    return {n: float(m.scaling[adapter_name]) for n, m in model.named_modules()
+            if isinstance(m, LoraLayer) and adapter_name in m.scaling}
+
+def _reduced_meta(meta: dict, sd: dict[str, torch.Tensor], rank: int) -> dict:
+    "peft config of the reduced pairs `sd`: scale 1 everywhere, lower-rank layers by full name."
+    low = {k[:-len(".lora_A.weight")]: v.shape[0] for k, v in sd.items()
+           if k.endswith(".lora_A.weight") and v.shape[0] != rank}
+    return {**meta, "r": rank, "lora_alpha": rank, "use_rslora": False,
+            "rank_pattern": low, "alpha_pattern": dict(low)}
+
 def _export_parts(pipe, adapter_name, dtype, rank):
     layers, metas = {}, {}
     for part, sd in lora_state(pipe, adapter_name).items():
-        pc = getattr(pipe, part).peft_config[adapter_name]
-        meta = pc.to_dict()
+        model = getattr(pipe, part)
+        meta = model.peft_config[adapter_name].to_dict()
         if rank is not None:
-            sd = reduce_rank(sd, pc.lora_alpha / pc.r, rank)
-            meta.update(r=rank, lora_alpha=rank, rank_pattern={}, alpha_pattern={})
+            sd = reduce_rank(sd, _layer_scales(model, adapter_name), rank)
+            meta = _reduced_meta(meta, sd, rank)
         layers[part] = {k: v.detach().to("cpu", dtype or torch.float32).contiguous()
                         for k, v in sd.items()}
         metas[part] = {k: (sorted(v) if isinstance(v, set) else v) for k, v in meta.items()}
@@ -94,35 +120,74 @@ def save_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default",
 
 # %% ../nbs/76_flux_lora_export.ipynb #476704ac
 def _lora_shapes(path: Path) -> tuple[dict[str, tuple], dict]:
+    "The tensor shapes of the safetensors file `path` as stored, and its header metadata."
     from safetensors import safe_open
     with safe_open(str(path), framework="pt") as f:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, dict(f.metadata() or {})
 
-def check_flux_lora(pipe, path: str | os.PathLike) -> dict:
-    """Check that the LoRA file `path` fits `pipe`: every `transformer.<m>` / `text_encoder.<m>`
-    module exists and is a Linear whose (out, in) match lora_B's rows and lora_A's columns.
-    Returns the header metadata. Raises `FileNotFoundError`, or `ValueError` naming the module and
-    the shapes."""
+def _as_diffusers_loads(pipe, path: Path) -> dict[str, torch.Tensor]:
+    "`lora_state_dict` (kohya, ComfyUI / BFL, XLabs converted), then `load_lora_weights`' renaming."
+    from diffusers import FluxPipeline
+    from diffusers.utils import (convert_state_dict_to_diffusers, convert_state_dict_to_peft,
+                                 convert_unet_state_dict_to_peft)
+    loader = type(pipe) if hasattr(type(pipe), "lora_state_dict") else FluxPipeline
+    sd = loader.lora_state_dict(str(path.parent), weight_name=path.name)
+    sd = sd[0] if isinstance(sd, tuple) else sd
+    out = {k: v for k, v in sd.items() if not k.startswith(("transformer.", "text_encoder."))}
+    for part in ("transformer", "text_encoder"):
+        sub = {k[len(part) + 1:]: v for k, v in sd.items() if k.startswith(part + ".")}
+        if sub and part == "transformer" and "lora_A" not in next(iter(sub)):
+            sub = convert_unet_state_dict_to_peft(sub)
+        if sub and part == "text_encoder":
+            sub = convert_state_dict_to_peft(convert_state_dict_to_diffusers(sub))
+            if not hasattr(pipe.text_encoder, "text_model"):   # flattened CLIP (newer transformers)
+                sub = {k.removeprefix("text_model."): v for k, v in sub.items()}
+        out.update({f"{part}.{k}": v for k, v in sub.items()})
+    return out
+
+def _diffusers_shapes(pipe, path: Path) -> dict[str, tuple]:
+    "Shapes of the LoRA `path` under the names diffusers loads it by; `ValueError` if it cannot."
+    try: sd = _as_diffusers_loads(pipe, path)
+    except Exception as e:
+        raise ValueError(f"{path.name} is no FLUX LoRA that diffusers can read: its conversion "
+                         f"failed ({type(e).__name__}: {e})") from e
+    rest = sorted(k for k in sd if not k.startswith(("transformer.", "text_encoder.")))
+    if rest or not sd:
+        raise ValueError(f"{path.name}: diffusers would load {'these keys' if rest else 'nothing'}"
+                         f" into neither the transformer nor the text encoder: {rest[:3]} "
+                         f"({len(rest)} such keys): not a FLUX LoRA of a format diffusers knows")
+    return {k: tuple(v.shape) for k, v in sd.items()}
+
+# %% ../nbs/76_flux_lora_export.ipynb #c7d1f3a2
+def _check(pipe, path) -> tuple[dict[str, tuple], dict]:
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"no LoRA file at {path}")
-    shapes, meta = _lora_shapes(path)
+    meta, shapes = _lora_shapes(path)[1], _diffusers_shapes(pipe, path)
     for k, shp in sorted(shapes.items()):
         part, _, rest = k.partition(".")
         mod_name, _, kind = rest.rpartition(".lora_")
-        model = getattr(pipe, part, None)
-        mods = dict(model.named_modules()) if model is not None else {}
+        if not kind.startswith(("A.", "B.")): continue      # norms of control LoRAs, DoRA scales
+        mods = dict(getattr(pipe, part).named_modules())
         m = mods.get(mod_name)
         m = getattr(m, "base_layer", m)
         if not isinstance(m, nn.Linear):
             raise ValueError(f"{path.name}: module {part}.{mod_name} of the LoRA ({k}, {shp}) is "
                              f"not a Linear layer of this pipeline's {part}: another model?")
-        want = (shp[1] if kind.startswith("A") else shp[0],
-                m.in_features if kind.startswith("A") else m.out_features)
-        if want[0] != want[1]:
+        a = kind == "A.weight"
+        if (shp[1] if a else shp[0]) != (m.in_features if a else m.out_features):
             raise ValueError(f"{path.name} was trained for another {part}: {k} has shape {shp}, "
                              f"but {part}.{mod_name} here is Linear(in_features={m.in_features}, "
                              f"out_features={m.out_features})")
-    return meta
+    return shapes, meta
+
+def check_flux_lora(pipe, path: str | os.PathLike) -> dict:
+    """Check that the LoRA file `path` fits `pipe`, read as diffusers reads it (diffusers' own
+    files, and kohya / ComfyUI / BFL / XLabs ones, converted by `FluxPipeline.lora_state_dict`):
+    every `transformer.<m>` / `text_encoder.<m>` module exists and is a Linear whose (out, in)
+    match lora_B's rows and lora_A's columns. Returns the header metadata. Raises
+    `FileNotFoundError`, or `ValueError` naming the file (one diffusers cannot convert, with its
+    error; keys for neither model), or the module and the shapes."""
+    return _check(pipe, path)[1]
 
 # %% ../nbs/76_flux_lora_export.ipynb #234c33cd
 def load_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default") -> dict:
@@ -130,9 +195,9 @@ def load_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default")
     adapter_name=...)` (the file named, so that diffusers before 0.40 loads it offline too). Returns
     the training metadata (`course_lib.training`, parsed, empty for files from elsewhere)."""
     from diffusers.utils import logging as dlog
-    meta = check_flux_lora(pipe, path)
+    shapes, meta = _check(pipe, path)
     level = dlog.get_verbosity()
-    if not any(k.startswith("text_encoder.") for k in _lora_shapes(Path(path))[0]):
+    if not any(k.startswith("text_encoder.") for k in shapes):
         dlog.set_verbosity_error()         # no "no LoRA keys for CLIPTextModel" notice: none meant
     path = Path(path)
     try: pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=adapter_name)

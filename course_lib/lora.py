@@ -125,19 +125,25 @@ LORA_LAYERS = (LoRALinear, LoRAConv2d)
 def _matches(name: str, targets: Sequence[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
-def inject_lora(model: nn.Module, target_modules: Sequence[str], rank: int = 4,
+def inject_lora(model: nn.Module, target_modules: str | Sequence[str], rank: int = 4,
                 alpha: float | None = None) -> list[str]:
     """Replace (in place) every `nn.Linear` / `nn.Conv2d` of `model` whose name matches
-    `target_modules` (exact name or dotted suffix, as in `peft`) by `LoRALinear` / `LoRAConv2d`, and
-    freeze everything else.
+    `target_modules` (a name or a list of names, each the exact name or a dotted suffix, as in
+    `peft`) by `LoRALinear` / `LoRAConv2d`, and freeze everything else.
 
-    Returns the adapted module names. Raises `ValueError` naming some candidate layers when nothing
-    matched."""
+    Returns the adapted module names. Raises `TypeError` for targets that are not strings, and
+    `ValueError` naming every target that matches no nn.Linear / nn.Conv2d (nothing is changed
+    then), with some of the layer names."""
+    targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+    if not targets or not all(isinstance(t, str) for t in targets):
+        raise TypeError(f"target_modules must be a module name or a non-empty list of names, "
+                        f"got {target_modules!r}")
     layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    names = [n for n in layers if _matches(n, target_modules)]
-    if not names:
-        raise ValueError(f"no nn.Linear/nn.Conv2d in the model matches "
-                         f"target_modules={list(target_modules)}, some layer names: {layers[:8]}")
+    missing = [t for t in targets if not any(_matches(n, [t]) for n in layers)]
+    if missing:
+        raise ValueError(f"target_modules entries {missing} match no nn.Linear/nn.Conv2d of the "
+                         f"model (target_modules={targets}), some layer names: {layers[:8]}")
+    names = [n for n in layers if _matches(n, targets)]
     model.requires_grad_(False)
     for n in names:
         parent_name, _, child = n.rpartition(".")

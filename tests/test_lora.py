@@ -96,11 +96,23 @@ def test_trainable_parameter_counts_per_rank(rank):
 
 
 def test_inject_lora_bad_input():
-    with pytest.raises(ValueError, match="matches target_modules"): inject_lora(Toy(), ["nope"], 4)
+    with pytest.raises(ValueError, match=r"\[.nope.\] match no nn.Linear"): inject_lora(Toy(), ["nope"], 4)
     with pytest.raises(ValueError, match="rank"): LoRALinear(nn.Linear(3, 3), rank=0)
     with pytest.raises(TypeError): LoRALinear(nn.Conv2d(3, 3, 1))
     m = Toy(); inject_lora(m, ["fc"], 2)
     merge_lora(m); assert m.fc.merged; unmerge_lora(m); assert not m.fc.merged
+
+
+def test_inject_lora_names_a_target_that_matches_nothing():
+    """Before, a target matching no layer was dropped without a word when another one matched
+    (here "fcc", a typo), and a string was read as its characters."""
+    m = Toy()
+    with pytest.raises(ValueError, match=r"entries \['fcc'\] match no nn\.Linear/nn\.Conv2d .*"
+                                         r"some layer names: \['fc', 'conv'\]"):
+        inject_lora(m, ["conv", "fcc"], 2)
+    assert not lora_layers(m) and all(p.requires_grad for p in m.parameters())   # nothing changed
+    assert inject_lora(Toy(), "fc", 2) == ["fc"]
+    with pytest.raises(TypeError, match="target_modules must be a module name"): inject_lora(Toy(), [3], 2)
 
 
 # ---------------------------------------------------------------- data set (notebook 41)
