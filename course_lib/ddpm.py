@@ -176,7 +176,7 @@ def _step_options(scheduler, generator, eta, step_kwargs) -> dict:
 def randn_on(shape, generator: torch.Generator | None = None, device=None,
              dtype: torch.dtype | None = None) -> torch.Tensor:
     """Standard normal noise of `shape`, drawn in float32 on the device of `generator` (a CPU or
-    an accelerator generator: either works; None: torch's global generator, on `device`), returned
+    an accelerator generator, either works, or None: torch's global generator, on `device`), returned
     on `device` (default: where it was drawn) in `dtype` (default float32). A CPU generator gives
     the same noise whatever device the model is on."""
     src = generator.device if generator is not None else torch.device(device or "cpu")

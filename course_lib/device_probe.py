@@ -207,7 +207,7 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
 
     `bf16`: what `torch.cuda.is_bf16_supported` says: 'emulated' (True only with
     `including_emulation=True`, as on a T4), 'native' or 'none'. `$COURSE_LIB_PROBE_LOG`: a
-    JSON file of the operations run on the device. Idempotent; `ValueError` for a bad argument."""
+    JSON file of the operations run on the device. Idempotent. `ValueError` for a bad argument."""
     if kind not in ("cuda", "mps"): raise ValueError(f"probe kind {kind!r}: use 'cuda' or 'mps'")
     if bf16 not in ("emulated", "native", "none"):
         raise ValueError(f"bf16={bf16!r}: use 'emulated', 'native' or 'none'")

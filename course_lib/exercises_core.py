@@ -280,7 +280,7 @@ def check(learner_fn: Callable, reference_fn: Callable, cases: Sequence[Case], h
     that mistake gives: when the learner's result equals it, the hint names the mistake, else
     `hint` is shown. `variants` maps a description to each accepted answer, the reference among
     them: a case passes when one fits, the same one on every case, and the verdict names it. A
-    stub raising `NotImplementedError` gives "not done yet"; other exceptions, any type of answer
+    stub raising `NotImplementedError` gives "not done yet". Other exceptions, any type of answer
     and inputs changed in place are explained in words, never raised."""
     name = name or reference_fn.__name__.removeprefix("_ref_")
     if not callable(learner_fn):

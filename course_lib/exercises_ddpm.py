@@ -238,7 +238,7 @@ def _ref_ancestral_step(eps, t, xt, z, betas):
 
 def _ancestral(eps, t, xt, z, betas, posterior: bool, root: bool = True):
     """The step with sigma_t^2 = beta_t, or with `posterior` the posterior variance tilde beta_t =
-    (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t) beta_t (lesson 13's, diffusers' 'fixed_small'); Ho et
+    (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t) beta_t (lesson 13's, diffusers' 'fixed_small'). Ho et
     al. 2020, sec. 3.2, find both give similar samples. `root=False`: sigma_t^2 z, a mistake."""
     ab = torch.cumprod(1 - betas, dim=0)
     mean = (xt - betas[t] / (1 - ab[t]).sqrt() * eps) / (1 - betas[t]).sqrt()
@@ -248,7 +248,7 @@ def _ancestral(eps, t, xt, z, betas, posterior: bool, root: bool = True):
 
 # %% ../nbs/94_exercises_ddpm.ipynb #a7c9e1f3
 def check_ancestral_step(fn: Callable) -> CheckResult:
-    """Exercise: one step of DDPM's ancestral sampler; `fn(eps, t, xt, z, betas)` -> x_{t-1}, with
+    """Exercise: one step of DDPM's ancestral sampler, `fn(eps, t, xt, z, betas)` -> x_{t-1}, with
     sigma_t^2 = beta_t or tilde beta_t (both accepted, the verdict says which)."""
     g, b = torch.Generator().manual_seed(0), _betas(20)
     eps, xt, z = (_randn(2, 1, 4, 4, g=g) for _ in range(3))

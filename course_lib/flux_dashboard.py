@@ -85,13 +85,15 @@ def uploaded_files(upload) -> list[tuple[str, bytes]]:
     for f in value:
         if isinstance(f, dict) and {"name", "content"} <= f.keys(): f = (f["name"], f["content"])
         if not (isinstance(f, (tuple, list)) and len(f) == 2 and isinstance(f[0], str)):
-            raise TypeError(f"not an uploaded file (a FileUpload entry or (name, bytes)): {f!r:.80}")
+            raise TypeError("not an uploaded file (a FileUpload entry or (name, bytes)): "
+                            f"{f!r:.80}")
         out.append((f[0], bytes(f[1])))
     return out
 
 def make_tab(children: Sequence, titles: Sequence[str]):
     """An ipywidgets `Tab` of the widgets `children` with page titles `titles`, on ipywidgets 7 and
-    8 (`set_title`: 7 ignores 8's `Tab(titles=...)`). Raises `ValueError` when the lengths differ."""
+    8 (`set_title`: 7 ignores 8's `Tab(titles=...)`). Raises `ValueError` when the lengths
+    differ."""
     import ipywidgets as W
     if len(children) != len(titles):
         raise ValueError(f"{len(children)} tab pages but {len(titles)} titles")

@@ -186,7 +186,7 @@ def check_flux_lora(pipe, path: str | os.PathLike) -> dict:
     every `transformer.<m>` / `text_encoder.<m>` module exists and is a Linear whose (out, in)
     match lora_B's rows and lora_A's columns. Returns the header metadata. Raises
     `FileNotFoundError`, or `ValueError` naming the file (one diffusers cannot convert, with its
-    error; keys for neither model), or the module and the shapes."""
+    error, or keys for neither model), or the module and the shapes."""
     return _check(pipe, path)[1]
 
 # %% ../nbs/76_flux_lora_export.ipynb #234c33cd

@@ -114,9 +114,9 @@ def _text_file_records(path: Path, files: list[Path], errors: str,
 # %% ../nbs/65_pile_corpus.ipynb #5bec8dcd
 def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
                 threaded: bool = True) -> Iterator[dict]:
-    """Records from `path`: a `.jsonl.zst`, `.jsonl.gz`, `.jsonl` or `.json.zst` file (the last
-    lm_dataformat's one JSON array of texts, read whole, or JSON lines; suffixes in any case, so
-    `.JSONL.ZST` too), a folder holding such files (read in sorted order), or a folder of text
+    """Records from `path`: a `.jsonl.zst`, `.jsonl.gz`, `.jsonl` or `.json.zst` file (the last is
+    lm_dataformat's one JSON array of texts, read whole, or JSON lines), suffixes matched in any
+    case (`.JSONL.ZST` too), a folder holding such files (read in sorted order), or a folder of text
     files (`TEXT_SUFFIXES`, each file a document whose `pile_set_name` is its top-level
     sub-folder, or the folder's own name). A folder's other files are named in a warning
     (`skipped_files_note`), names starting with '.' are ignored. `errors`, `stats`, `threaded`: as

@@ -324,9 +324,9 @@ def ode_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int] | None = None
     """Sample by integrating the probability-flow ODE (Song et al. 2021, eq. 13) from `t = T` (start
     `z`, default `sde.prior_sampling(shape)`) to `t = eps` with `scipy.integrate.solve_ivp`
     (`method`, default adaptive RK45, tolerances `rtol`, `atol`). `score_fn(x (B, ...), t (B,))`.
-    The score runs on `device` (default: that of `z`); the solver's float64 state stays on the
-    CPU. Returns `(x (B, ...), nfe)`, the number of score evaluations. Raises `ValueError` if neither
-    `shape` nor `z` is given, `RuntimeError` if the solver fails."""
+    The score runs on `device` (default: that of `z`), and the solver's float64 state stays on
+    the CPU. Returns `(x (B, ...), nfe)`, the number of score evaluations. Raises `ValueError`
+    if neither `shape` nor `z` is given, `RuntimeError` if the solver fails."""
     from scipy.integrate import solve_ivp
     if z is None:
         if shape is None: raise ValueError("ode_sampler needs the sample shape or a starting z")
@@ -388,8 +388,8 @@ def ode_likelihood(sde: SDE, score_fn: Callable, x: torch.Tensor, trace: str = "
     `trace`: 'exact' (one backward pass per dimension), 'hutchinson' (the Skilling-Hutchinson
     estimator with `n_probes` `noise` probes, 'rademacher' or 'gaussian', fixed along each
     trajectory: unbiased, but one Gaussian probe spreads a 2-D point's NLL by several nats) or
-    'auto' (exact for `D <= 16` dimensions, Hutchinson above; score_sde_pytorch's `likelihood.py`
-    defaults to Rademacher probes, as we do). The score runs on the device of `x`; the solver's
+    'auto' (exact for `D <= 16` dimensions, Hutchinson above). Rademacher is the default probe, as
+    in score_sde_pytorch's `likelihood.py`. The score runs on the device of `x`, and the solver's
     state and `nll` are float64 on the CPU. Returns `(nll (B,) float64 in nats, z = x(T) (B, ...)
     on x's device, nfe)`. Raises `ValueError` for an unknown `trace` or `noise`."""
     from scipy.integrate import solve_ivp
