@@ -289,14 +289,16 @@ def load_pretrained_flow(
 ) -> nn.Module:
     """The trained flow model (EMA `UNetVelocity`, eval mode, on `device`) for `config`, from
     `cache_dir('models', 'flow', config.key())/ema.safetensors`, else trained with `train_flow`
-    and cached (file-locked, so concurrent callers train once)."""
-    from filelock import FileLock
+    and cached (`course_lib.cache.cached`: file-locked, so concurrent callers train once; a copy
+    shipped with the package is taken on an empty cache; a cache made by other training code is
+    flagged with a `StaleCacheWarning`)."""
+    from course_lib.cache import cached, code_fingerprint
 
     cfg = (config or FlowConfig()).validate()
-    folder = cache_dir("models", "flow", cfg.key())
-    final = folder / "ema.safetensors"
-    with FileLock(str(folder / "train.lock")):
-        if final.is_file() and not retrain:
+    final = cache_dir("models", "flow", cfg.key()) / "ema.safetensors"
+    code = code_fingerprint(train_flow)
+    with cached(final, cfg.key(), code, retrain, "load_pretrained_flow(config, retrain=True)") as hit:
+        if hit:
             state, meta = load_checkpoint(final)
             torch.manual_seed(0)
             model = make_flow_model(cfg)

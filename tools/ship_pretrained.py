@@ -20,7 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn")
+MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn", "flow-quick",
+          "flux-quick")
 GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128, n_layer=4, steps=1800,
             batch_size=12, lr=5e-3, seed=0)               # nbs/62_tiny_gpt2.ipynb's full profile
 
@@ -64,6 +65,24 @@ def train(kind: str) -> list[dict]:
         losses = load_checkpoint(path)[0]["losses"]
         return [dict(path=path, config=asdict(cfg), call="load_ncsn(NCSNConfig())",
                      figures={"final_loss": float(losses[-50:].mean())})]
+    if kind == "flow-quick":             # nbs/71_flow_matching.ipynb's quick profile: unit 1's quick budget
+        from course_lib.ddpm import DDPMConfig
+        from course_lib.flow import FlowConfig, load_pretrained_flow
+        cfg = FlowConfig.from_ddpm(DDPMConfig.quick())
+        m = load_pretrained_flow(cfg, progress=False)
+        path = cache_dir("models", "flow", cfg.key()) / "ema.safetensors"
+        return [dict(path=path, config=asdict(cfg), call="load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()))",
+                     figures={"final_loss": float(sum(m.history["loss"][-50:]) / 50),
+                              "train_seconds": m.history["seconds"]})]
+    if kind == "flux-quick":             # nbs/72 and 73's quick profile: FLUX-mini, FluxMiniConfig.quick()
+        from course_lib.flux import FluxMiniConfig, load_flux_mini
+        cfg = FluxMiniConfig.quick()
+        pipe = load_flux_mini(cfg, progress=False)
+        path = cache_dir("models", "flux", cfg.key()) / "pipeline"
+        loss = pipe.history["flow_loss"][-50:]
+        return [dict(path=path, config=asdict(cfg), call="load_flux_mini(FluxMiniConfig.quick())",
+                     figures={"final_flow_loss": float(sum(loss) / len(loss)),
+                              "train_seconds": pipe.history["flow_seconds"]})]
     if kind == "gpt2":
         from course_lib.lm import TinyGPTConfig, tiny_gpt2
         cfg = TinyGPTConfig(**GPT2)
@@ -89,6 +108,13 @@ def cache_path(kind: str, config: dict) -> str:
     if kind == "ncsn":
         from course_lib.langevin import NCSNConfig
         return f"score/ncsn/ncsn-{NCSNConfig(**config).key()}.safetensors"
+    if kind == "flow-quick":
+        from course_lib.flow import FlowConfig
+        return f"models/flow/{FlowConfig(**config).key()}/ema.safetensors"
+    if kind == "flux-quick":
+        from course_lib.flux import FluxMiniConfig
+        cfg = FluxMiniConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+        return f"models/flux/{cfg.key()}/pipeline"
     if kind == "gpt2":
         from course_lib.lm import TinyGPTConfig
         return f"pile/tiny-gpt2-{TinyGPTConfig(**config).key()}"
@@ -99,7 +125,8 @@ TRAINERS = {"classifier": ("course_lib.classifier", "train_digits_classifier"),
             "ddpm": ("course_lib.ddpm_training", "train_ddpm"), "base": ("course_lib.ddpm_training", "train_ddpm"),
             "ddpm-quick": ("course_lib.ddpm_training", "train_ddpm"),
             "base-quick": ("course_lib.ddpm_training", "train_ddpm"), "gpt2": ("course_lib.lm", "train_tiny_gpt2"),
-            "ncsn": ("course_lib.langevin", "train_ncsn")}
+            "ncsn": ("course_lib.langevin", "train_ncsn"), "flow-quick": ("course_lib.flow", "train_flow"),
+            "flux-quick": ("course_lib.flux", "train_flux_mini")}
 
 
 def trainer_fingerprint(kind: str) -> str | None:
@@ -118,7 +145,7 @@ def restamp(dest: Path, prov: dict) -> None:
         code = trainer_fingerprint(m["kind"])
         if code is None: continue
         path = dest / rel
-        key = path.parent.name if path.name == "ema.safetensors" else path.stem.rsplit("-", 1)[-1]
+        key = path.parent.name if path.name in ("ema.safetensors", "pipeline") else path.stem.rsplit("-", 1)[-1]
         record_cached(path, key, code, source="shipped")
         print(f"{m['kind']}: {rel} recorded with code {code}")
 
