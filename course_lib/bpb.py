@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 import zstandard
 
-from .pile import load_corpus, pile_set_name, format_table, PileFormatError
+from .pile import load_corpus, pile_set_name, format_table, PileFormatError, ReadStats
 
 # %% auto #0
 __all__ = ['LN2', 'COMPRESSORS', 'CODE_BYTES', 'n_bytes', 'BPBResult', 'zstd_code_bytes', 'code_bytes', 'compressor_bpb',
            'zstd_dict_bpb', 'by_subset', 'compressor_table', 'rolling_windows', 'BPBReport', 'prefix_token_id',
-           'model_window', 'score_windows', 'bpb', 'load_local_lm', 'bpb_main']
+           'model_window', 'score_windows', 'bpb', 'read_hf_lm', 'load_local_lm', 'bpb_main']
 
 # %% ../nbs/61_bits_per_byte.ipynb #5ea05466
 LN2 = math.log(2)
@@ -341,20 +341,35 @@ def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = 
     return _report(rows, meta, window, stride)
 
 # %% ../nbs/61_bits_per_byte.ipynb #3cc80c8d
+def read_hf_lm(path, fix: str):
+    """`(model, tokenizer)` of the Hugging Face directory `path` (float32, offline). A damaged or
+    missing file raises `ValueError` naming the directory, the parser's first line and `fix` (what
+    to do), not a parser's traceback from inside transformers or safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
+                                                     dtype=torch.float32)
+    except (ImportError, MemoryError): raise
+    except Exception as e:     # SafetensorError, JSONDecodeError, OSError: the files, not the code
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{path}: the model directory is damaged or incomplete "
+                         f"({type(e).__name__}: {why}): {fix}") from None
+    return model, tok
+
 def load_local_lm(path: str | os.PathLike, device=None):
     """`(model, tokenizer)` from a local Hugging Face directory (`AutoModelForCausalLM`,
     `AutoTokenizer`), offline. Raises `FileNotFoundError` when `path` is not a directory with a
-    `config.json`."""
+    `config.json`, `ValueError` naming the directory when a file in it is damaged."""
     from pathlib import Path
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     p = Path(path)
     if not (p/"config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json): "
                                 "save one with model.save_pretrained(dir) and "
                                 "tokenizer.save_pretrained(dir), or train the course's model with "
                                 "course_lib.lm.tiny_gpt2()")
-    tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=torch.float32)
+    model, tok = read_hf_lm(p, "save the model again (model.save_pretrained(dir) and "
+                               "tokenizer.save_pretrained(dir)) or copy it again")
     if device is not None: model.to(device)
     return model.eval(), tok
 
@@ -398,7 +413,9 @@ def _bad_argument(a) -> str | None:
 
 # %% ../nbs/61_bits_per_byte.ipynb #b86cb11f
 def _score_files(a, model, tok) -> tuple:
-    "`(report, docs)` of the files of `a`. Raises `ValueError` (`PileFormatError` too), `OSError`."
+    """`(report, docs, stats)` of the files of `a` (`stats`: the `ReadStats` of the read). With
+    `--errors skip`, says on stderr how many bad lines it skipped. Raises `ValueError`
+    (`PileFormatError` too), `OSError`."""
     window = a.window or model_window(model)
     try: ctx = model_window(model)
     except ValueError: ctx = window                     # a model that does not say: trust --window
@@ -408,18 +425,25 @@ def _score_files(a, model, tok) -> tuple:
         raise ValueError(f"--stride {a.stride} > window {window}")
     with warnings.catch_warnings(record=True) as caught:   # a folder's skipped files, said once
         warnings.simplefilter("always", UserWarning)
-        records = (r for f in a.files for r in load_corpus(f, a.errors))
+        stats = ReadStats()
+        records = (r for f in a.files for r in load_corpus(f, a.errors, stats))
         docs = list(itertools.islice(records, a.max_docs))   # streamed: reads no further
     for w in caught: print(f"course bpb: {w.message}", file=sys.stderr)
+    if a.errors == "skip":
+        e = stats.errors[:1]
+        first = f" (the first: line {e[0][0]}, {e[0][1]})" if e else ""
+        print(f"course bpb: --errors skip skipped {stats.skipped} bad line(s){first}",
+              file=sys.stderr)
     rep = bpb(model, tok, docs, window=a.window, stride=a.stride, batch_size=a.batch_size)
-    return rep, docs
+    return rep, docs, stats
 
 # %% ../nbs/61_bits_per_byte.ipynb #10f98644
 def bpb_main(argv: list[str]) -> int:
     """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
     [--errors {strict,skip}] [--compressors] [--json]`. Exit 2 for a bad argument, a window longer
     than the model's context, or no text to score, 1 for a damaged data file. With `--json`, a
-    figure that is undefined (the BPB of a subset whose documents are all empty) is null."""
+    figure that is undefined (the BPB of a subset whose documents are all empty) is null. With
+    `--errors skip`, the number of bad lines skipped is printed (`skipped_lines` in the JSON)."""
     def fail(msg, code):
         print(f"course bpb: {msg}", file=sys.stderr)
         return code
@@ -428,7 +452,7 @@ def bpb_main(argv: list[str]) -> int:
     if (bad := _bad_argument(a)) is not None: return fail(bad, 2)
     try: model, tok = load_local_lm(a.model)
     except (FileNotFoundError, OSError, ValueError) as e: return fail(e, 2)
-    try: rep, docs = _score_files(a, model, tok)
+    try: rep, docs, stats = _score_files(a, model, tok)
     except PileFormatError as e: return fail(e, 1)   # a corrupt data file
     except (ValueError, FileNotFoundError) as e: return fail(e, 2)
     if not rep.overall.bytes:
@@ -436,6 +460,7 @@ def bpb_main(argv: list[str]) -> int:
                     f"{', '.join(a.files)}", 2)
     out = {"model": str(a.model), "window": rep.window, "stride": rep.stride,
            "subsets": rep.table()}
+    if a.errors == "skip": out["skipped_lines"] = stats.skipped
     if a.compressors:
         out["compressors"] = compressor_table(docs, ("gzip-9", "bz2-9", "lzma-9e", "zstd-19"))
     if a.json:   # a subset whose documents are all empty has no BPB: null (JSON has no NaN)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import atomic_write, restore_pretrained
+from .core import CacheNotWritable, atomic_write, restore_pretrained
 
 # %% auto #0
 __all__ = ['data_fingerprint', 'cache_key', 'code_fingerprint', 'StaleCacheWarning', 'cache_record_path', 'record_cached',
-           'check_cached', 'cached', 'is_cached']
+           'check_cached', 'cache_lock', 'cached', 'is_cached']
 
 # %% ../nbs/07_cache.ipynb #d4e6cc06
 import dataclasses, hashlib, math
@@ -148,13 +148,20 @@ def _code_text(code) -> str:
 
 
 # %% ../nbs/07_cache.ipynb #dd8ecf08
-def _names_used(fn) -> set[str]:
-    names, todo = set(), [fn.__code__]
+def _names_used(fn) -> tuple[set[str], set[str]]:
+    """The names `fn` (with its nested code) loads as globals or imports, and the attribute names
+    it reads (`x.name`): a method patched onto a class is reached by attribute only."""
+    import dis
+    glob, attrs, todo = set(), set(), [fn.__code__]
     while todo:
         code = todo.pop()
-        names.update(code.co_names)
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "IMPORT_FROM"):
+                glob.add(ins.argval)
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                attrs.add(ins.argval)
         todo += [c for c in code.co_consts if inspect.iscode(c)]
-    return names
+    return glob, attrs
 
 def _class_parts(cls) -> tuple[str, list]:
     "A class's text (name, bases, simple attributes) and its methods."
@@ -167,12 +174,15 @@ def _class_parts(cls) -> tuple[str, list]:
             attrs.append((k, repr(v)))
     return repr((cls.__qualname__, [b.__qualname__ for b in cls.__bases__], attrs)), methods
 
-
 # %% ../nbs/07_cache.ipynb #aefcd060
 def code_fingerprint(*objs) -> str:
     """12 hex digits of sha256 over the code of the functions/classes `objs` and of every function
-    or class of `course_lib` or of the notebook (`__main__`) they name, transitively. Read as syntax
-    trees, so comments, docstrings and line breaks do not change it, a changed statement does."""
+    or class of `course_lib` or of the notebook (`__main__`) they name, transitively (a method
+    patched onto a class counts where its name is read as an attribute). Read as syntax
+    trees, so comments, docstrings and line breaks do not change it, a changed statement does. The
+    pieces are hashed in sorted order, not in the order they are reached: a trainer defined in a
+    notebook's kernel reaches the same code as the module's by other paths (the module's globals
+    hold more names), and must get the same fingerprint when its code is the same."""
     seen, parts, todo = set(), [], list(objs)
     while todo:
         obj = todo.pop(0)
@@ -186,10 +196,13 @@ def code_fingerprint(*objs) -> str:
             todo += methods
             continue
         parts.append(obj.__qualname__ + _function_text(obj))
-        g = obj.__globals__
-        todo += [g[n] for n in sorted(_names_used(obj)) if n in g and _own_code(g[n])]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-
+        g, (glob, attrs) = obj.__globals__, _names_used(obj)
+        todo += [g[n] for n in sorted(glob) if n in g and _own_code(g[n])]
+        # by attribute only a method (`@patch_to`: qualname 'Class.name'), not a global that
+        # happens to share the name (a lesson's `sample` or `kill`)
+        todo += [g[n] for n in sorted(attrs - glob) if n in g and _own_code(g[n])
+                 and inspect.isfunction(g[n]) and "." in g[n].__qualname__]
+    return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:12]
 
 # %% ../nbs/07_cache.ipynb #cef8d3a5
 class StaleCacheWarning(UserWarning):
@@ -214,14 +227,16 @@ def check_cached(path: str | os.PathLike, key: str, code: str, retrain: str,
     """Call on a cache hit of `path`. Returns True when the record's code fingerprint is `code`;
     otherwise warns with a `StaleCacheWarning` naming the artefact, the date it was made and
     `retrain` (how to train it again with the current code), and returns False. With no record (a
-    model restored from the package, or a cache from before records), writes one for `code` and
-    returns True. A model restored from the package comes with the record of the code it was
-    trained by, so a learner's edited trainer is caught on the first load too."""
+    model restored from the package, or a cache from before records), writes one for `code` (none
+    in a read-only cache) and returns True. A model restored from the package comes with the
+    record of the code it was trained by, so a learner's edited trainer is caught on the first
+    load too."""
     rp = cache_record_path(path)
     try:
         rec = json.loads(rp.read_text())
     except (OSError, ValueError):
-        record_cached(path, key, code, source="found")
+        with contextlib.suppress(OSError):          # a read-only cache keeps no record
+            record_cached(path, key, code, source="found")
         return True
     if rec.get("code") == code:
         return True
@@ -234,20 +249,48 @@ def check_cached(path: str | os.PathLike, key: str, code: str, retrain: str,
         f"To train one with the current code: {retrain}"), stacklevel=stacklevel)
     return False
 
+# %% ../nbs/07_cache.ipynb #5e2f9c4d
+@contextlib.contextmanager
+def cache_lock(path: str | os.PathLike, write: bool = False):
+    """`with cache_lock(path) as locked:` around a loader's read-or-train of the cached artefact
+    `path`: holds a `filelock.FileLock` on `<path>.lock` (so concurrent processes train it once)
+    and yields True. When the lock cannot be taken because the cache is not writable (a read-only
+    `COURSE_LIB_HOME`): yields False without a lock if `path` exists and `write` is False (loading
+    needs no lock), else (a cache miss, or `write`: the caller will retrain) raises
+    `CacheNotWritable` naming the folder and saying to set `COURSE_LIB_HOME` to a writable one."""
+    from filelock import FileLock
+    path = Path(path)
+    lock = FileLock(str(path) + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except OSError as e:
+        if write or not path.exists():
+            what = "is to be retrained" if path.exists() else "is not in the course cache"
+            raise CacheNotWritable(
+                f"{path.name} {what} and cannot be written there: "
+                f"{path.parent} is not writable ({e.strerror or e}). Set COURSE_LIB_HOME to a "
+                "writable folder (the models already cached can be copied into it)") from e
+        locked = False
+    else:
+        locked = True
+    try:
+        yield locked
+    finally:
+        if locked: lock.release()
 
 # %% ../nbs/07_cache.ipynb #2cc2e79c
 @contextlib.contextmanager
 def cached(path: str | os.PathLike, key: str, code: str, retrain: bool = False, how: str = ""):
     """`with cached(path, key, code, retrain, how) as hit:` for a loader of the artefact `path`.
 
-    Holds a `filelock.FileLock` on `<path>.lock`, restores a shipped copy (`restore_pretrained`)
-    unless `retrain`, and yields `hit`: True when `path` exists and `retrain` is False (then
-    `check_cached(path, key, code, how)` has run: a `StaleCacheWarning` if the code changed), else
-    False: the body trains and writes `path`, then recorded with `code` (`record_cached`)."""
-    from filelock import FileLock
+    Holds `cache_lock(path, write=retrain)` (in a read-only cache a cached `path` loads without a
+    lock), restores a shipped copy (`restore_pretrained`) unless `retrain`, and yields `hit`: True
+    when `path` exists and `retrain` is False (then `check_cached(path, key, code, how)` has run: a
+    `StaleCacheWarning` if the code changed), else False: the body trains and writes `path`, then
+    recorded with `code` (`record_cached`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
+    with cache_lock(path, write=retrain):
         if not retrain:
             restore_pretrained(path)
         hit = path.exists() and not retrain
@@ -256,7 +299,6 @@ def cached(path: str | os.PathLike, key: str, code: str, retrain: bool = False, 
         yield hit
         if not hit and path.exists():
             record_cached(path, key, code, source="trained")
-
 
 # %% ../nbs/07_cache.ipynb #2f39574f
 def is_cached(path: str | os.PathLike) -> bool:

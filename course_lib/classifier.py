@@ -154,17 +154,16 @@ def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
 def load_digits_classifier(device=None, config: ClassifierConfig | None = None,
                            retrain: bool = False, progress: bool = False) -> DigitsClassifier:
     """The course's digits judge, in eval mode on `device`: loaded from
-    `cache_dir('models', 'digits_classifier')/<config hash>.safetensors`, or trained (about 15 s on
-    2 CPU cores) and cached if missing. Its validation accuracy is in `model.valid_acc` (at least
-    0.97 is tested) and its training curve in `model.history`. Guarded with a file lock so
-    concurrent processes train it once."""
-    from filelock import FileLock
+    `cache_dir('models', 'digits_classifier')/<config hash>.safetensors`, or trained and cached if
+    missing. Its validation accuracy is in `model.valid_acc` (at least 0.97 is tested), its training
+    curve and training time in `model.history`. Guarded by `cache.cache_lock` so concurrent
+    processes train it once (a read-only cache loads a cached model without the lock)."""
     cfg = config or ClassifierConfig()
     dev = get_device(device)
-    from course_lib.cache import check_cached, code_fingerprint, record_cached
+    from course_lib.cache import cache_lock, check_cached, code_fingerprint, record_cached
     key, code = cfg.key(), code_fingerprint(train_digits_classifier)
     path = cache_dir("models", "digits_classifier") / f"{key}.safetensors"
-    with FileLock(str(path) + ".lock"):
+    with cache_lock(path, write=retrain):
         if not retrain: restore_pretrained(path)      # a copy shipped with the package, if any
         if path.is_file() and not retrain:
             check_cached(path, key, code, "load_digits_classifier(config=..., retrain=True)")

@@ -315,7 +315,7 @@ def _run(a, root: Path, units: list[Unit]) -> int:
     except KeyError as e:
         print(f"course run: {e.args[0]}", file=sys.stderr)
         return 2
-    name = only[0].stem if only else a.unit
+    name = only[0].stem if only else Path(a.unit).name      # units/00_start/ -> 00_start
     out = a.out or root/"runs"/f"{name}-{a.profile}"
     return run_units(chosen, a.profile, out, a.timeout, notebooks=only)
 

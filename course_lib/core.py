@@ -14,9 +14,9 @@ import numpy as np
 if TYPE_CHECKING: import torch   # for the annotations only (they are strings: see __future__)
 
 # %% auto #0
-__all__ = ['seed_everything', 'seed_worker', 'get_device', 'cache_dir', 'artifact_dir', 'pretrained_dir', 'restore_pretrained',
-           'patch_to', 'patch', 'atomic_write', 'save_checkpoint', 'load_checkpoint', 'results_path', 'read_results',
-           'record', 'in_colab', 'network_available', 'OfflineError', 'grad_enabled']
+__all__ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', 'cache_dir', 'artifact_dir', 'pretrained_dir',
+           'restore_pretrained', 'patch_to', 'patch', 'atomic_write', 'save_checkpoint', 'load_checkpoint',
+           'results_path', 'read_results', 'record', 'in_colab', 'network_available', 'OfflineError', 'grad_enabled']
 
 # %% ../nbs/00_core.ipynb #23c45c88
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -78,17 +78,25 @@ def get_device(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 # %% ../nbs/00_core.ipynb #6db6b03c
+class CacheNotWritable(OSError):
+    "The course cache is not writable (e.g. a read-only folder) where an artefact must be written."
+
 def cache_dir(*parts: str, create: bool = True) -> Path:
     """The course cache directory `$COURSE_LIB_HOME` (default `$XDG_CACHE_HOME/course_lib`, i.e.
-    `~/.cache/course_lib`), joined with `parts`."""
+    `~/.cache/course_lib`), joined with `parts`. With `create`, made if missing, and a cache that
+    cannot be written raises `CacheNotWritable` naming the folder and the way out."""
     root = os.environ.get("COURSE_LIB_HOME")
     if root:
         base = Path(root).expanduser()
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home()/".cache")/"course_lib"
     p = base.joinpath(*parts)
-    if create:
-        p.mkdir(parents=True, exist_ok=True)
+    if create and not p.is_dir():
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CacheNotWritable(f"cannot create {p} in the course cache {base} ({e.strerror}): "
+                                   "set COURSE_LIB_HOME to a writable folder") from e
     return p
 
 def artifact_dir(*parts: str) -> Path:

@@ -41,7 +41,7 @@ def check_num_steps(num_inference_steps, num_train_timesteps: int) -> int:
 def timestep_grid(num_train_timesteps: int, num_inference_steps: int,
                   spacing: str = "leading") -> np.ndarray:
     """`num_inference_steps` distinct timesteps in [0, T-1], descending, `(n,)` int64, spaced as
-    diffusers spaces them (Lin et al. 2023, Table 2) but computed exactly: 'leading' k * (T // n),
+    diffusers spaces them (Lin et al. 2024, Table 2) but computed exactly: 'leading' k * (T // n),
     'trailing' round(T - k T / n) - 1, 'linspace' round(linspace(0, T - 1, n)), for k = 0..n-1.
     Where diffusers' own grid is right it is this one. Raises `ValueError` for n outside [1, T] or
     an unknown spacing."""
@@ -104,8 +104,16 @@ def scale_model_input(self, sample: torch.Tensor, timestep=None) -> torch.Tensor
 
 @patch_to(AncestralSampler)
 def previous_timestep(self, timestep) -> int:
-    "The timestep after `timestep` in `self.timesteps` (-1 after the last)."
-    return self._prev[int(timestep)]
+    """The timestep after `timestep` in `self.timesteps` (-1 after the last). Raises `ValueError`
+    for a timestep off the grid that `set_timesteps` chose."""
+    t = int(timestep)
+    if t not in self._prev:
+        ts = self.timesteps.tolist()
+        grid = ", ".join(map(str, ts if len(ts) <= 8 else [*ts[:4], "...", *ts[-3:]]))
+        raise ValueError(f"timestep {t} is not on this sampler's grid of {len(ts)} timesteps "
+                         f"({grid}): step through `scheduler.timesteps` after "
+                         "`scheduler.set_timesteps(n)`")
+    return self._prev[t]
 
 # %% ../nbs/13_sampling.ipynb #21a3c1cf
 @patch_to(AncestralSampler)
@@ -163,6 +171,10 @@ def _step_options(scheduler, generator, eta, step_kwargs) -> dict:
     params = inspect.signature(scheduler.step).parameters
     name = type(scheduler).__name__
     kw = {"generator": generator} if "generator" in params else {}
+    for k, v in (("eta", eta), ("generator", generator)):
+        if v is not None and k in (step_kwargs or {}):
+            raise ValueError(f"{k} given twice: {k}={v!r} and step_kwargs[{k!r}]="
+                             f"{step_kwargs[k]!r}; pass it once, as sample's {k}= argument")
     if eta is not None:
         if "eta" not in params:
             raise ValueError(f"{name}.step takes no eta; use DDIMScheduler for eta")
@@ -176,9 +188,9 @@ def _step_options(scheduler, generator, eta, step_kwargs) -> dict:
 def randn_on(shape, generator: torch.Generator | None = None, device=None,
              dtype: torch.dtype | None = None) -> torch.Tensor:
     """Standard normal noise of `shape`, drawn in float32 on the device of `generator` (a CPU or
-    an accelerator generator, either works, or None: torch's global generator, on `device`), returned
-    on `device` (default: where it was drawn) in `dtype` (default float32). A CPU generator gives
-    the same noise whatever device the model is on."""
+    an accelerator generator, either works, or None: torch's global generator, on `device`),
+    returned on `device` (default: where it was drawn) in `dtype` (default float32). A CPU
+    generator gives the same noise whatever device the model is on."""
     src = generator.device if generator is not None else torch.device(device or "cpu")
     z = torch.randn(shape, generator=generator, device=src)
     return z.to(device=device or src, dtype=dtype or torch.float32)
@@ -328,8 +340,8 @@ def sampler_table(model: nn.Module, config: DDPMConfig, runs: Sequence[tuple], n
 
     `judge`: a function of uint8 images returning `judge_samples`' dict (default `judge_samples`).
     `metrics`: extra columns, name -> function of the uint8 images `(n, C, H, W)` returning a float
-    (unit 3: FID). Returns one dict per run: `sampler`, `nfe`, `seconds`, `s_per_image`,
-    `confident_rate`, `min_share`, `max_share`, then the metric columns."""
+    (e.g. the mean pixel value). Returns one dict per run: `sampler`, `nfe`, `seconds`,
+    `s_per_image`, `confident_rate`, `min_share`, `max_share`, then the metric columns."""
     if judge is None:
         from course_lib.classifier import judge_samples as judge
     rows = []

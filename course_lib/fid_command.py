@@ -83,7 +83,8 @@ def _fid_metrics(a: argparse.Namespace) -> dict:
         raise ValueError(
             f"A has {sa['mu'].shape[0]}-d statistics and B {sb['mu'].shape[0]}-d: they come"
             " from different extractors")
-    out["fid"] = frechet_distance(sa["mu"], sa["sigma"], sb["mu"], sb["sigma"])
+    out["fid"] = _clamp_fid(frechet_distance(sa["mu"], sa["sigma"], sb["mu"], sb["sigma"]),
+                            sa, sb)
     out.update(n_a=sa["n"], n_b=sb["n"])
     if a.save_stats:
         save_statistics(a.save_stats, sb["mu"], sb["sigma"], sb["n"], a.extractor)
@@ -104,11 +105,41 @@ def _fid_metrics(a: argparse.Namespace) -> dict:
     return out
 
 
+# %% ../nbs/35_fid_command.ipynb #f1a2b3c4
+def _clamp_fid(fid: float, sa: dict, sb: dict) -> float:
+    """FID, a squared distance, with float64 rounding residue below 0 reported as 0.0: a negative
+    within 1e-9 of the statistics' scale (the traces of both covariances and the squared means).
+    A larger negative is kept, with a warning: the covariances are not valid (not PSD)."""
+    if not fid < 0: return fid + 0.0                          # -0.0 as 0.0
+    scale = sum(float(abs(s["sigma"].trace()) + s["mu"] @ s["mu"]) for s in (sa, sb))
+    if fid >= -1e-9 * max(scale, 1.0): return 0.0
+    warnings.warn(f"FID {fid:.6g} is negative beyond rounding: the statistics' covariances are "
+                  "not positive semi-definite; recompute them from images")
+    return fid
+
+def _shown(v: float, spec: str) -> str:
+    "`v` formatted with `spec`, a value that rounds to zero shown as 0 (never '-0.0000')."
+    s = format(v, spec)
+    return format(0.0, spec) if s.lstrip("-").strip("0.") == "" and s.startswith("-") else s
+
+def _json_ready(out: dict) -> dict:
+    """`out` with every non-finite float as None and the reason under 'null_reasons' (JSON has
+    no NaN or infinity)."""
+    import math
+    res, why = dict(out), {}
+    for k, v in out.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            res[k] = None
+            why[k] = (f"{k} came out {v} (not finite): the features overflowed or are degenerate;"
+                      " check the images and the warnings above")
+    if why: res["null_reasons"] = why
+    return res
+
 # %% ../nbs/35_fid_command.ipynb #68cfe4f6
 def fid_main(argv: list[str]) -> int:
     """`course fid A B [--extractor digits|inception] [--isc] [--kid] [--json]`: prints FID (and IS,
-    KID). Returns 0 on success, 2 for bad arguments or missing inputs/weights (with a message on
-    stderr)."""
+    KID). FID, a squared distance, is never printed below 0. Returns 0 on success, 2 for bad
+    arguments or missing inputs/weights (with a message on stderr)."""
     p = _fid_parser()
     try: a = p.parse_args(argv)
     except SystemExit as e: return int(e.code or 0) if e.code in (0, None) else 2
@@ -125,11 +156,12 @@ def fid_main(argv: list[str]) -> int:
         for w in caught: print(f"course fid: warning: {w.message}", file=sys.stderr)
     except (ValueError, FileNotFoundError, OfflineError, TypeError) as e:
         return err(str(e))
-    if a.json: print(json.dumps(out))
+    if a.json: print(json.dumps(_json_ready(out), allow_nan=False))
     else:
-        print(f"FID  {out['fid']:.4f}   ({a.extractor} features; A: {out['n_a']} images, B:"
-              f" {out['n_b']} images)")
+        print(f"FID  {_shown(out['fid'], '.4f')}   ({a.extractor} features; A: {out['n_a']} images,"
+              f" B: {out['n_b']} images)")
         if "is_mean" in out: print(f"IS   {out['is_mean']:.4f} ± {out['is_std']:.4f}")
-        if "kid_mean" in out: print(f"KID  {out['kid_mean']:.6f} ± {out['kid_std']:.6f}")
+        if "kid_mean" in out:
+            print(f"KID  {_shown(out['kid_mean'], '.6f')} ± {out['kid_std']:.6f}")
     return 0
 

@@ -289,17 +289,22 @@ def load_pretrained_flow(
 ) -> nn.Module:
     """The trained flow model (EMA `UNetVelocity`, eval mode, on `device`) for `config`, from
     `cache_dir('models', 'flow', config.key())/ema.safetensors`, else trained with `train_flow`
-    and cached (`course_lib.cache.cached`: file-locked, so concurrent callers train once; a copy
-    shipped with the package is taken on an empty cache; a cache made by other training code is
-    flagged with a `StaleCacheWarning`)."""
+    and cached through `course_lib.cache.cached`: file-locked (concurrent callers train once), a
+    copy shipped with the package taken on an empty cache, and a cache made by other training
+    code flagged with a `StaleCacheWarning`."""
     from course_lib.cache import cached, code_fingerprint
 
     cfg = (config or FlowConfig()).validate()
     final = cache_dir("models", "flow", cfg.key()) / "ema.safetensors"
     code = code_fingerprint(train_flow)
-    with cached(final, cfg.key(), code, retrain, "load_pretrained_flow(config, retrain=True)") as hit:
+    how = "load_pretrained_flow(config, retrain=True)"
+    with cached(final, cfg.key(), code, retrain, how) as hit:
         if hit:
-            state, meta = load_checkpoint(final)
+            try:
+                state, meta = load_checkpoint(final)
+            except ValueError as e:                  # a damaged file: name it and say what to do
+                raise ValueError(f"{e}: the cached flow model is damaged; delete it, or call "
+                                 f"{how}, to train it again") from None
             torch.manual_seed(0)
             model = make_flow_model(cfg)
             model.load_state_dict(state["ema"])

@@ -359,14 +359,19 @@ def load_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True,
     `cache_dir('models', 'flux', config.key())/pipeline`, else trained (`train_flux_mini`, about
     `config.estimated_minutes()` min on a CPU) and cached, file-locked, and a cache made by
     other training code is flagged (`StaleCacheWarning`). Opened on `device` (see
-    `open_flux_mini`)."""
+    `open_flux_mini`). Raises `ValueError` naming the folder when the cached pipeline is damaged."""
     cfg = (config or FluxMiniConfig()).validate()
     key, code = cfg.key(), code_fingerprint(train_flux_mini)
     path = cache_dir("models", "flux", key) / "pipeline"
     with cached(path, key, code, retrain, "load_flux_mini(config, retrain=True)") as hit:
         if not hit:
             save_flux_mini(train_flux_mini(cfg, progress), path)
-    return open_flux_mini(path, device)
+    try:
+        return open_flux_mini(path, device)
+    except (OSError, ValueError) as e:               # a damaged cache entry: name it, say what to do
+        raise ValueError(f"the cached FLUX-mini pipeline {path} cannot be read "
+                         f"({type(e).__name__}: {str(e)[:200]}): delete that folder, or call "
+                         "load_flux_mini(config, retrain=True), to train it again") from None
 
 # %% ../nbs/72_flux_mini.ipynb #6a7e59e3
 def check_size(pipe, height: int, width: int) -> None:
@@ -406,12 +411,17 @@ def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: in
     on the pipeline's device) with true classifier-free guidance `guidance_scale` (>= 1, 1: none)
     against `negative_prompt` (default ''), noise from `torch.Generator().manual_seed(seed)` (a CPU
     generator: the same noise on every device), size default the model's own (see
-    `check_size`)."""
+    `check_size`). Warns that a `negative_prompt` at `guidance_scale` 1 has no effect."""
     prompts = check_prompts(pipe, prompts)
     w = check_guidance_scale(guidance_scale)
     size = pipe.vae.config.sample_size
     height, width = height or size, width or size
     check_size(pipe, height, width)
+    if w == 1 and negative_prompt is not None:       # FluxPipeline ignores it at true_cfg_scale 1
+        warnings.warn(f"negative_prompt={negative_prompt!r} has no effect at guidance_scale 1 "
+                      "(true classifier-free guidance only runs for a scale > 1): raise "
+                      "guidance_scale, or drop the negative prompt", stacklevel=2)
+        negative_prompt = None
     if w > 1 and negative_prompt is None:
         negative_prompt = ""
     g, out = torch.Generator().manual_seed(seed), []

@@ -416,8 +416,15 @@ def flux_generate(pipe, prompts: str | Sequence[str], resolution: int, n: int | 
                   num_inference_steps: int = 8, seed: int = 0, guidance: float = 1.0,
                   max_sequence_length: int | None = None) -> torch.Tensor:
     """Images `(N, C, R, R)` in [0, 1] from `pipe` for `prompts` (one string repeated `n` times, or
-    a list), with a seeded generator."""
+    a list), with a seeded generator. Warns that `guidance` has no effect on a transformer without
+    a guidance embedding (FLUX.1-dev's distilled guidance; FLUX-mini has none)."""
     prompts = [prompts] * (n or 1) if isinstance(prompts, str) else list(prompts)
+    if guidance != 1 and not pipe.transformer.config.guidance_embeds:
+        import warnings                              # FluxPipeline drops guidance_scale then
+        warnings.warn(f"guidance={guidance!r} has no effect: this transformer has no guidance "
+                      "embedding (guidance_embeds=False), so FluxPipeline ignores guidance_scale; "
+                      "for classifier-free guidance use course_lib.flux.generate(guidance_scale=)",
+                      stacklevel=2)
     msl = max_sequence_length or pipe.tokenizer_2.model_max_length
     out = pipe(prompt=prompts, height=resolution, width=resolution, guidance_scale=guidance,
                num_inference_steps=num_inference_steps, output_type="pt", max_sequence_length=msl,

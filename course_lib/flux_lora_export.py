@@ -4,7 +4,7 @@
 
 # %% ../nbs/76_flux_lora_export.ipynb #5b842eda
 from __future__ import annotations
-import json, os, tempfile
+import json, os, tempfile, warnings
 from pathlib import Path
 
 import torch
@@ -118,13 +118,22 @@ def save_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default",
         with atomic_write(path, "wb") as f: f.write(tmp_file.read_bytes())
     return path
 
-# %% ../nbs/76_flux_lora_export.ipynb #476704ac
+# %% ../nbs/76_flux_lora_export.ipynb #650254b2
 def _lora_shapes(path: Path) -> tuple[dict[str, tuple], dict]:
-    "The tensor shapes of the safetensors file `path` as stored, and its header metadata."
+    """The tensor shapes of the safetensors file `path` as stored, and its header metadata.
+    `ValueError` naming the file, not the parser's error, when it is damaged or not safetensors."""
     from safetensors import safe_open
-    with safe_open(str(path), framework="pt") as f:
-        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, dict(f.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return ({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()},
+                    dict(f.metadata() or {}))
+    except Exception as e:      # safetensors' SafetensorError, an OSError: the file, not the code
+        raise ValueError(f"{path} is not a readable safetensors LoRA file ({e}): a download or "
+                         f"copy that stopped early? Download or export it again (save_flux_lora)"
+                         ) from None
 
+
+# %% ../nbs/76_flux_lora_export.ipynb #476704ac
 def _as_diffusers_loads(pipe, path: Path) -> dict[str, torch.Tensor]:
     "`lora_state_dict` (kohya, ComfyUI / BFL, XLabs converted), then `load_lora_weights`' renaming."
     from diffusers import FluxPipeline
@@ -202,4 +211,8 @@ def load_flux_lora(pipe, path: str | os.PathLike, adapter_name: str = "default")
     path = Path(path)
     try: pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=adapter_name)
     finally: dlog.set_verbosity(level)
-    return json.loads(meta.get("course_lib.training", "{}"))
+    try: return json.loads(meta.get("course_lib.training") or "{}")
+    except ValueError:
+        warnings.warn(f"{path.name}: the training metadata (course_lib.training) is not JSON, so "
+                      f"it is left out: the weights loaded", UserWarning, stacklevel=2)
+        return {}

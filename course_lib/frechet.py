@@ -98,7 +98,8 @@ def frechet_distance(mu1, sigma1, mu2, sigma2, method: str = "symmetric") -> flo
     `trace_sqrt_product`. Source: Dowson & Landau (1982). FID: Heusel et al. (2017), eq. 6. The
     'eigvals' method mirrors `torch_fidelity.metric_fid.fid_statistics_to_metric` (0.4). The result
     can be slightly negative (about -1e-10 relative) for identical statistics. It is returned as
-    computed, not clipped. Raises `ValueError` for mismatched shapes or non-finite values."""
+    computed, not clipped: a squared distance is never negative, so printers (`course fid`) report
+    such rounding residue as 0.0. Raises `ValueError` for mismatched shapes or non-finite values."""
     mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(
         np.asarray(mu2, np.float64)
     )

@@ -4,6 +4,7 @@
 
 # %% ../nbs/70_guidance.ipynb #4e496136
 from __future__ import annotations
+import warnings
 from types import SimpleNamespace
 
 import torch
@@ -106,6 +107,17 @@ class GuidedUNet(nn.Module):
         cond, uncond = out.chunk(2)
         return SimpleNamespace(sample=cfg_combine(cond, uncond, self.w))
 
+# %% ../nbs/70_guidance.ipynb #4157ee16
+def _warn_no_effect(guidance_scale, class_labels, negative) -> None:
+    "Name the setting that changes nothing: uncond + w (cond - uncond) is cond at w = 1."
+    if negative is not None and guidance_scale == 1:
+        warnings.warn(f"negative={negative} has no effect at guidance_scale=1 (the output is the "
+                      "conditional one): raise guidance_scale above 1", stacklevel=3)
+    elif class_labels is None and negative is None and guidance_scale != 1:
+        warnings.warn(f"guidance_scale={guidance_scale} has no effect without a prompt (both "
+                      "branches see the null class)", stacklevel=3)
+
+
 # %% ../nbs/70_guidance.ipynb #c5875f9b
 def _check_class(c, null_class: int, what: str) -> None:
     bad = [int(v) for v in torch.as_tensor(c).reshape(-1) if not 0 <= int(v) < null_class]
@@ -128,8 +140,9 @@ def sample_guided(
 ):
     """`n` digits from a `load_guided_ddpm` model, prompted with `class_labels` (an int or `(n,)`
     ints in 0..9, or None for no prompt: the null class), guided with `guidance_scale` (>= 1) and
-    optionally away from the class `negative`, with unit 1's `sampler` in `num_steps` steps.
-    Returns `sample`'s `(uint8, float)`."""
+    optionally away from the class `negative`, with unit 1's `sampler` in `num_steps` steps. A
+    setting that changes nothing (a `negative` at guidance 1, a guidance scale without a prompt)
+    is named in a `UserWarning`. Returns `sample`'s `(uint8, float)`."""
     check_guidance_scale(guidance_scale)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
@@ -138,6 +151,7 @@ def sample_guided(
         _check_class(class_labels, null, "class")
     if negative is not None:
         _check_class(negative, null, "negative class")
+    _warn_no_effect(guidance_scale, class_labels, negative)
     y = null if class_labels is None else class_labels
     guided = GuidedUNet(model, guidance_scale, null, negative)
     sch = make_scheduler(sampler, model.ddpm_config)

@@ -297,17 +297,22 @@ def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadS
     checksum fails (the writer writes checksums). Long-window files (`zstd --long=N`) are read up to
     `MAX_WINDOW_SIZE` (2 GiB, N = 31), the window allocated as the file needs. A UTF-8 byte-order
     mark at the start is skipped. `threaded`: decompress in a background thread, overlapping with
-    parsing. An empty (0-byte) file has no records. JSON is decoded by msgspec (orjson, then json,
-    if it is missing). Mirrors `lm_dataformat.Reader.read_jsonl_zst` (same records, same order)."""
+    parsing. An empty (0-byte) plain file has no records, an empty `.zst` or `.gz` file raises
+    `PileFormatError` (a compressed stream is never empty, even without records). JSON is decoded
+    by msgspec (orjson, then json, if it is missing).
+    Mirrors `lm_dataformat.Reader.read_jsonl_zst` (same records, same order)."""
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors must be 'strict' or 'skip', got {errors!r}")
     strict = errors == "strict"
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"no such file: {path}")
+    kind = path.suffix.lower()   # .jsonl.zst, .JSONL.ZST, .jsonl.gz, else plain JSON lines
+    if kind in (".zst", ".gz") and path.stat().st_size == 0:
+        raise PileFormatError(path, None, "the file is empty (0 bytes), so not a compressed "
+                              "stream (a copy that stopped early?): re-create it, or remove it")
     stats = stats if stats is not None else ReadStats()
     stats.path = str(path)
     with open(path, "rb") as fh:
-        kind = path.suffix.lower()   # .jsonl.zst, .JSONL.ZST, .jsonl.gz, else plain JSON lines
         if kind == ".zst": pieces = _zst_pieces(path, fh, stats, threaded, read_size)
         elif kind == ".gz": pieces = _gz_pieces(fh, stats)
         else: pieces = _plain_pieces(fh, stats)

@@ -12,8 +12,9 @@ import torch
 import torch.nn as nn
 
 from .core import (
-    grad_enabled, cache_dir, get_device, load_checkpoint, save_checkpoint, seed_everything)
-from .score_matching import GaussianMixture, check_sigma_range, dsm_loss, sample_sigmas
+    grad_enabled, cache_dir, get_device, save_checkpoint, seed_everything)
+from .score_matching import (GaussianMixture, check_sigma_range, dsm_loss, sample_sigmas,
+                                      cached_model_state)
 
 # %% auto #0
 __all__ = ['LangevinDivergedError', 'langevin', 'annealed_langevin', 'geometric_sigmas', 'component_weights', 'energy_distance',
@@ -265,5 +266,5 @@ def load_ncsn(config: NCSNConfig | None = None, progress: bool = False,
             save_checkpoint(path, state, {"config": json.dumps(asdict(config))})
             return model.to(get_device(device)).eval()
     model = NCSN(config)
-    model.load_state_dict(load_checkpoint(path)[0]["model"])
+    model.load_state_dict(cached_model_state(path, "load_ncsn(config, retrain=True)"))
     return model.to(get_device(device)).eval()

@@ -149,13 +149,13 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
     """The course's small GPT-2 trained on the mini-Pile's train split: loaded from the course cache
     (`cache_dir('pile', 'tiny-gpt2-<cfg.key()>')`, a Hugging Face directory usable by any tool),
     else trained and saved there (atomically, under a file lock). Returns
-    `(model, tokenizer, directory)`, the model on `get_device(device)`."""
-    from filelock import FileLock
-    from transformers import AutoTokenizer, GPT2LMHeadModel
-    from course_lib.cache import check_cached, code_fingerprint, record_cached
+    `(model, tokenizer, directory)`, the model on `get_device(device)`. A damaged cached copy
+    raises `ValueError` naming the directory and saying to delete it or retrain."""
+    from course_lib.bpb import read_hf_lm
+    from course_lib.cache import cache_lock, check_cached, code_fingerprint, record_cached
     key, code = cfg.key(), code_fingerprint(train_tiny_gpt2)
     d = cache_dir("pile") / f"tiny-gpt2-{key}"
-    with FileLock(str(d) + ".lock"):
+    with cache_lock(d, write=retrain):                 # no lock needed to read a read-only cache
         if not retrain: restore_pretrained(d)             # a copy shipped with the package, if any
         if retrain or not (d/"config.json").is_file():
             paths = mini_pile(cfg.max_mb_per_subset)
@@ -172,7 +172,6 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
             record_cached(d, key, code, source="trained")
         else:
             check_cached(d, key, code, "tiny_gpt2(cfg, retrain=True)")
-    model = GPT2LMHeadModel.from_pretrained(str(d), local_files_only=True).eval()
-    model.to(get_device(device))
-    tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    model, tok = read_hf_lm(d, f"delete {d} (or call tiny_gpt2(retrain=True)) to train it again")
+    model.eval().to(get_device(device))
     return model, tok, d

@@ -122,7 +122,9 @@ class Augment:
     - `hflip`: probability of a horizontal flip (wrong for digits, text, logos).
     - `crop_scale`: random crops covering this fraction of the side or more (1.0: off), resized
       back.
-    - `brightness`, `contrast`: jitter amplitudes (0: off), as in torchvision's `ColorJitter`."""
+    - `brightness`: additive, a shift of up to +-`brightness` on the [0, 1] scale (0: off),
+      where `ColorJitter(brightness=b)` multiplies by [1-b, 1+b] (black stays black). `contrast`:
+      as `ColorJitter`'s, the deviation from the mean scaled by [1-c, 1+c] (0: off)."""
     hflip: float = 0.0
     crop_scale: float = 1.0
     brightness: float = 0.0
@@ -179,7 +181,8 @@ class ConceptDataset(Dataset):
     - `size`: training resolution, `channels`: 1 (grey) or 3 (RGB).
     - `caption_ext`: sidecar extension ('.txt'), `captioner`: `path -> str` for images without one
       (default `filename_captioner`, a vision-language model can be plugged in).
-    - `trigger`: if given, prepended to captions that lack it (kohya's `keep_tokens` habit).
+    - `trigger`: if given, prepended to captions that lack it (ai-toolkit's `trigger_word`, not
+      kohya's `keep_tokens`, which keeps the first N tokens in place when captions are shuffled).
     - `min_size`: images whose short side is smaller are skipped (default `size`), or kept
       (upscaled) with `upscale_small=True`.
     - `buckets`: False: resize + centre-crop to `size` x `size`, True: aspect-ratio buckets.

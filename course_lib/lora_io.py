@@ -16,16 +16,17 @@ from .core import atomic_write, cache_dir
 from .lora import (active_adapters, adapter_names, merge_adapters, remove_adapter,
                              set_adapters, unmerge_adapters)
 from .lora_data import TRIGGER, ConceptDataset, write_concept_folder, write_style_folder
-from .lora_train import (LoRATrainConfig, add_lora, base_config, generate, load_base,
-                                   train_lora)
+from .lora_train import (LoRATrainConfig, add_lora, base_config, check_lora_folder,
+                                   generate, load_base, parse_adapter_spec, train_lora)
 
 # defined in course_lib.lora now: `from course_lib.lora_io import ...` keeps working
 _all_ = ["active_adapters", "merge_adapters", "remove_adapter", "unmerge_adapters"]
 
 # %% auto #0
-__all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'save_adapter', 'foreign_layout', 'read_adapter',
-           'load_adapter', 'train_adapter', 'adapter_path', 'adapter_is_cached', 'load_or_train_adapter',
-           'adapter_gallery', 'lora_main', 'active_adapters', 'merge_adapters', 'remove_adapter', 'unmerge_adapters']
+__all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'save_adapter', 'foreign_layout', 'parse_adapter_metadata',
+           'read_adapter', 'load_adapter', 'train_adapter', 'adapter_path', 'adapter_is_cached',
+           'load_or_train_adapter', 'adapter_gallery', 'lora_main', 'active_adapters', 'merge_adapters',
+           'remove_adapter', 'unmerge_adapters']
 
 # %% ../nbs/43_lora_export.ipynb #719097a5
 ADAPTER_FORMAT = "course_lib.lora/1"
@@ -135,12 +136,35 @@ def _safetensors_header(path: Path) -> dict:
                          "loaded from .safetensors only; convert a trusted pickle with "
                          "safetensors.torch.save_file") from None
 
+# %% ../nbs/43_lora_export.ipynb #eeea2255
+def parse_adapter_metadata(path: str | os.PathLike, meta: Mapping[str, str]) -> dict:
+    """The string metadata `meta` of adapter file `path` parsed: rank int, alpha float,
+    target_modules, training_config, dataset, rank_pattern, alpha_pattern and use_rslora from JSON.
+    Raises `ValueError` naming the file, the key and its value for one that does not parse (a rank
+    'two', target_modules that are not JSON): a damaged or hand-edited header."""
+    out = dict(meta)
+    def parsed(key, parse, what, default=None):
+        raw = meta.get(key) or default
+        try: return parse(raw)
+        except (ValueError, TypeError):
+            raise ValueError(f"{Path(path).name}: adapter metadata {key!r} is {raw!r}, not {what}: "
+                             "the header is damaged or was edited; re-export it with "
+                             "save_adapter") from None
+    out["rank"] = parsed("rank", int, "an integer")
+    out["alpha"] = parsed("alpha", float, "a number")
+    for k in ("target_modules", "training_config", "dataset", "rank_pattern", "alpha_pattern"):
+        out[k] = parsed(k, json.loads, "JSON", "{}")
+    out["use_rslora"] = parsed("use_rslora", json.loads, "JSON (true or false)", "false")
+    return out
+
+
 # %% ../nbs/43_lora_export.ipynb #a8181860
 def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
     """`(tensors, metadata)` of an adapter file, metadata parsed (rank int, alpha float,
     target_modules list, training_config and dataset dicts). Raises `FileNotFoundError`, and
     `ValueError` for a file that is not safetensors or lacks required metadata (format, base_hash,
-    rank, alpha, target_modules), naming what is missing."""
+    rank, alpha, target_modules), naming what is missing, for metadata that does not parse (a rank
+    that is not an integer, target_modules that are not JSON), and for damaged tensor data."""
     from safetensors.torch import load_file
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"no adapter file at {path}")
@@ -167,11 +191,12 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     if meta["format"] != ADAPTER_FORMAT:
         raise ValueError(f"{path.name}: unknown adapter format {meta['format']!r}; this version "
                          f"reads {ADAPTER_FORMAT!r}")
-    meta["rank"], meta["alpha"] = int(meta["rank"]), float(meta["alpha"])
-    for k in ("target_modules", "training_config", "dataset", "rank_pattern", "alpha_pattern"):
-        meta[k] = json.loads(meta.get(k) or "{}")
-    meta["use_rslora"] = json.loads(meta.get("use_rslora") or "false")
-    return load_file(str(path)), meta
+    meta = parse_adapter_metadata(path, meta)
+    try: tensors = load_file(str(path))
+    except Exception as e:                  # safetensors' own error: a cut or damaged body
+        raise ValueError(f"{path.name}: the adapter's tensors cannot be read ({e}); the file is "
+                         "damaged (a copy that stopped early?): copy or export it again") from None
+    return tensors, meta
 
 # %% ../nbs/43_lora_export.ipynb #e6c4fac2
 def _check_adapter_file(unet: nn.Module, path, tensors: dict, meta: dict, name: str,
@@ -275,11 +300,11 @@ def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | 
     style) trained on `base` with `config`, from `cache_dir('lora', 'adapters')` (`adapter_path`)
     or trained there (file lock against concurrent runs). The images are written at the base's own
     resolution (no resampling: see notebook 42)."""
-    from filelock import FileLock
+    from course_lib.cache import cache_lock
     cfg = config or LoRATrainConfig(adapter_name=kind)
     path = adapter_path(kind, base, cfg, n_images)
     px = base.ddpm_config.image_size
-    with FileLock(str(path.with_suffix(".lock"))):
+    with cache_lock(path):      # concurrent runs train once; a read-only cache is read
         if not path.is_file():
             import tempfile as _tf, shutil as _sh
             tmp = Path(_tf.mkdtemp(prefix="lora_data_"))
@@ -353,10 +378,12 @@ def _lora_train(a, err) -> int:
         return err(f"OUT must end in .safetensors, got {a.out.name!r}")
     if not a.folder.is_dir():                                       # before loading the base
         return err(f"image folder {a.folder} does not exist")
-    base = load_base(base_config(a.base_steps))
     cfg = LoRATrainConfig(rank=a.rank, alpha=a.alpha or float(a.rank), lr=a.lr, steps=a.steps,
                           batch_size=a.batch_size, prior_images=a.prior_images, trigger=a.trigger,
-                          preview_every=0)
+                          preview_every=0)                          # settings: checked here
+    bcfg = base_config(a.base_steps)
+    check_lora_folder(a.folder, a.trigger, size=bcfg.image_size)    # images, captions, trigger
+    base = load_base(bcfg)                                          # only then the base model
     ds = ConceptDataset(a.folder, size=base.ddpm_config.image_size, trigger=None)
     model = copy.deepcopy(base)
     res = train_lora(model, ds, cfg, log=a.log, progress=True)
@@ -369,10 +396,10 @@ def _lora_train(a, err) -> int:
 # %% ../nbs/43_lora_export.ipynb #50597d25
 def _lora_generate(a, err) -> int:
     from course_lib.viz import save_image_grid
+    specs = [parse_adapter_spec(s) for s in a.adapter]              # before the base loads
     base = load_base(base_config(a.base_steps))
     weights, triggers = {}, []
-    for spec in a.adapter:
-        path, _, w = spec.partition("=")
+    for path, w in specs:
         name = re.sub(r"[^\w-]", "_", Path(path).stem)
         while name in weights: name += "_"
         try: meta = load_adapter(base, path, adapter_name=name)
@@ -380,7 +407,7 @@ def _lora_generate(a, err) -> int:
             if "weight hash" not in str(e): raise
             return err(f"{e.args[0].split(': load it')[0]}: pass the --base-steps the adapter was "
                        f"trained with (this run used --base-steps {a.base_steps})")
-        weights[meta["adapter_name"]] = float(w) if w else 1.0
+        weights[meta["adapter_name"]] = w
         triggers.append(meta.get("trigger"))
     set_adapters(base, weights)
     trigger = next((t for t in triggers if t), TRIGGER)    # the word the adapter was trained with

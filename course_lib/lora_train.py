@@ -4,7 +4,7 @@
 
 # %% ../nbs/42_lora_training.ipynb #0281cbc5
 from __future__ import annotations
-import contextlib, copy, csv, io, json, math, os, threading, time
+import contextlib, copy, csv, io, json, math, os, threading, time, warnings
 from dataclasses import dataclass, asdict
 from functools import partial
 from pathlib import Path
@@ -29,9 +29,10 @@ _all_ = ["check_target_modules", "adapter_file_bytes", "BASE_RECIPE", "NUM_CLASS
          "load_base", "encode_prompt"]
 
 # %% auto #0
-__all__ = ['LoRATrainConfig', 'MetricsLog', 'TrainResult', 'prior_set', 'diffusion_loss', 'train_lora', 'loss_figure',
-           'LoRADashboard', 'concept_report', 'check_target_modules', 'adapter_file_bytes', 'BASE_RECIPE',
-           'NUM_CLASSES', 'base_config', 'load_base', 'encode_prompt']
+__all__ = ['LoRATrainConfig', 'check_captions', 'check_lora_folder', 'parse_adapter_spec', 'MetricsLog', 'TrainResult',
+           'prior_set', 'diffusion_loss', 'train_lora', 'loss_figure', 'LoRADashboard', 'concept_report',
+           'check_target_modules', 'adapter_file_bytes', 'BASE_RECIPE', 'NUM_CLASSES', 'base_config', 'load_base',
+           'encode_prompt']
 
 # %% ../nbs/42_lora_training.ipynb #b2fd4143
 @dataclass
@@ -76,8 +77,85 @@ def _check_train_config(c: LoRATrainConfig) -> None:
             raise ValueError(f"{k} must be a positive int, got {v!r}")
     if not c.lr > 0: raise ValueError(f"lr must be positive, got {c.lr!r}")
     if not c.alpha > 0: raise ValueError(f"alpha must be positive, got {c.alpha!r}")
-    if c.prior_images < 0 or c.preview_every < 0:
-        raise ValueError("prior_images and preview_every must be >= 0")
+    for k in ("prior_images", "preview_every"):
+        v = getattr(c, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{k} must be an int >= 0 (0: off), got {v!r}")
+    _unused_settings(c)
+
+def _unused_settings(c: LoRATrainConfig) -> None:
+    "Warn, naming them, about settings that change nothing in this configuration."
+    d, unused = LoRATrainConfig.__dataclass_fields__, []
+    if c.full_finetune:        # no adapter: rank, alpha and its targets are not used
+        unused += [k for k in ("rank", "alpha", "target_modules") if getattr(c, k) != d[k].default]
+    if c.prior_images == 0 and c.prior_weight != d["prior_weight"].default:
+        unused.append("prior_weight")                       # no prior images to weight
+    if unused:
+        why = "full_finetune=True trains every weight" if c.full_finetune else "prior_images=0"
+        warnings.warn(f"{', '.join(f'{k}={getattr(c, k)!r}' for k in unused)} has no effect: "
+                      f"{why}", UserWarning, stacklevel=5)
+
+# %% ../nbs/42_lora_training.ipynb #89e927c9
+def check_captions(captions: Sequence[str], sources: Sequence[str], files: Sequence[Path],
+                   trigger: str = TRIGGER, caption_ext: str = ".txt",
+                   require_trigger: bool = True) -> None:
+    """Refuse captions the model cannot read (each must name `trigger` or a digit of the base:
+    `encode_prompt`), naming the images, their captions and any missing caption file. With
+    `require_trigger`, refuse captions none of which holds the trigger (else warn)."""
+    bad = []
+    for f, cap, src in zip(files, captions, sources):
+        try: encode_prompt(cap, trigger)
+        except ValueError: bad.append((Path(f), cap, src))
+    eg = ", ".join(f"{f.name}: {cap!r}" for f, cap, _ in bad[:3])
+    nocap = [f for f, _, src in bad if src != "sidecar"]
+    if nocap:
+        raise ValueError(f"{len(nocap)} of {len(files)} images have no caption file (e.g. "
+                         f"{nocap[0].with_suffix(caption_ext).name}), so their captions come from "
+                         f"the file or folder name ({eg}) and name neither the trigger {trigger!r} "
+                         f"nor a digit: write a caption file beside each image, e.g. 'a photo of "
+                         f"{trigger} digit'")
+    if captions and not any(_names_trigger(cap, trigger) for cap in captions):
+        msg = (f"the trigger {trigger!r} is in none of the {len(captions)} captions (e.g. "
+               f"{captions[0]!r}): the adapter would learn nothing for it. Pass the word the "
+               f"captions use (--trigger), or add it to the captions")
+        if require_trigger: raise ValueError(msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
+    if bad:
+        raise ValueError(f"{len(bad)} of {len(files)} captions name neither the trigger "
+                         f"{trigger!r} nor a digit the base model knows ({eg}): put the trigger "
+                         f"word in the captions of the concept's images")
+
+def _names_trigger(caption: str, trigger: str) -> bool:
+    try: return encode_prompt(caption, trigger) == CONCEPT_DIGIT
+    except ValueError: return False
+
+
+# %% ../nbs/42_lora_training.ipynb #481b7734
+def check_lora_folder(folder: str | os.PathLike, trigger: str = TRIGGER, size: int = 1,
+                      caption_ext: str = ".txt") -> dict:
+    """What `course lora train` checks before the base model loads: images of at least `size`
+    pixels in `folder`, and their captions (`check_captions`). Returns the counts `{'images',
+    'caption_files', 'with_trigger'}`. Raises `FileNotFoundError` / `ValueError` saying what is
+    missing and what to do."""
+    from course_lib.lora_data import _usable_images, read_captions
+    files = list(_usable_images(Path(folder), size, caption_ext).ok)
+    captions, sources = read_captions(files, caption_ext)
+    check_captions(captions, sources, files, trigger, caption_ext)
+    return {"images": len(files), "caption_files": sources.count("sidecar"),
+            "with_trigger": sum(_names_trigger(c, trigger) for c in captions)}
+
+def parse_adapter_spec(spec: str) -> tuple[str, float]:
+    """`PATH` or `PATH=WEIGHT` (`course lora generate --adapter`) -> `(path, weight)`, weight 1 by
+    default. Raises `ValueError` naming the spec when the weight is not a finite number."""
+    path, eq, w = spec.rpartition("=")
+    if not eq: return spec, 1.0
+    try: weight = float(w)
+    except ValueError: weight = float("nan")
+    if not path or not math.isfinite(weight):
+        raise ValueError(f"--adapter {spec!r}: write PATH or PATH=WEIGHT with WEIGHT a number "
+                         f"(e.g. {path or 'concept.safetensors'}=0.8), got the weight {w!r}")
+    return path, weight
+
 
 # %% ../nbs/42_lora_training.ipynb #9b27f29b
 class MetricsLog:
@@ -172,6 +250,8 @@ def _prepare(unet: nn.Module, dataset: ConceptDataset, cfg: LoRATrainConfig, pri
         raise ValueError(f"dataset images are {dataset.channels}x{dataset.size}x{dataset.size} but "
                          f"the model wants {dcfg.channels}x{dcfg.image_size}x{dcfg.image_size}: "
                          f"use ConceptDataset(size={dcfg.image_size})")
+    check_captions(dataset.captions, dataset.caption_sources, dataset.files, cfg.trigger,
+                   dataset.caption_ext, require_trigger=False)
     labels = torch.tensor([encode_prompt(c, cfg.trigger) for c in dataset.captions])
     torch.manual_seed(cfg.seed)
     if prior is None and cfg.prior_images:
@@ -258,13 +338,15 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 def loss_figure(history: Sequence[dict], title: str = "LoRA training loss"):
-    "A matplotlib `Figure` (not attached to pyplot) of the loss, concept loss and prior loss."
+    """A matplotlib `Figure` (not attached to pyplot) of the loss and, where every row of `history`
+    has them, the concept and prior losses (the FLUX trainer's rows carry the loss alone)."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(4.5, 2.6))
     ax = fig.subplots()
     if history:
         s = [r["step"] for r in history]
         for k in ("loss", "concept_loss", "prior_loss"):
+            if not all(k in r for r in history): continue    # FLUX rows have no concept/prior split
             v = np.array([r[k] for r in history])
             w = min(25, len(v))                                  # a running mean over 25 steps
             ax.plot(s[w - 1:], np.convolve(v, np.ones(w) / w, "valid"), label=k)

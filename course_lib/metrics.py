@@ -315,13 +315,21 @@ def save_statistics(path: str | os.PathLike, mu: np.ndarray, sigma: np.ndarray, 
 def load_statistics(path: str | os.PathLike) -> dict:
     """Read FID statistics from a .npz with `mu` and `sigma` (ours, pytorch-fid's or clean-fid's) ->
     `{'mu', 'sigma', 'n', 'extractor'}` (n = -1, extractor = 'unknown' when absent).
-    Raises `ValueError` naming the file when it lacks `mu`/`sigma` or their shapes disagree."""
+    Raises `ValueError` naming the file when it lacks `mu`/`sigma`, their shapes disagree, or the
+    file is damaged (truncated, a bad checksum: also inside an array, read lazily by numpy)."""
     path = Path(path)
     if not path.is_file(): raise ValueError(f"statistics file {path} does not exist")
-    try: z = np.load(path, allow_pickle=False)
-    except Exception as e: raise ValueError(f"{path} is not a readable .npz file ({e})") from None
-    if "mu" not in z or "sigma" not in z:
-        raise ValueError(f"{path} has no 'mu' and 'sigma' arrays (keys: {list(z.keys())})")
+    redo = ("delete it and compute the statistics again (course fid ... --save-stats, or "
+            "reference_statistics(..., refresh=True))")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "mu" not in z or "sigma" not in z:
+                raise KeyError(f"no 'mu' and 'sigma' arrays (keys: {list(z.keys())})")
+            z = {k: z[k] for k in z.keys()}                 # reads (and checks) every array now
+    except KeyError as e: raise ValueError(f"{path} has {e.args[0]}") from None
+    except Exception as e:
+        raise ValueError(f"{path} is damaged or not a .npz file ({type(e).__name__}: {e}): "
+                         f"{redo}") from None
     mu, sigma = z["mu"].astype(np.float64), z["sigma"].astype(np.float64)
     if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
         raise ValueError(f"{path}: mu {mu.shape} and sigma {sigma.shape} are not (D,) and (D, D)")
@@ -336,9 +344,9 @@ def reference_statistics(reference: str = "digits-train", extractor: str = "digi
     (a folder by its files' names, sizes and times, so changed images are measured again), the
     extractor and a fingerprint of its weights (so retraining the classifier invalidates the cache).
     `size`: load/resize the images to `size` x `size` first (named references default to 16).
-    Returns `load_statistics`'s dict."""
-    from filelock import FileLock
-    from course_lib.cache import cache_key
+    A damaged cache file is measured again, with a warning naming it. Returns `load_statistics`'s
+    dict."""
+    from course_lib.cache import cache_key, cache_lock
     wp = inception_weights_path(weights_path) if extractor == "inception" else None
     named = reference in REFERENCES
     setting = {"reference": str(reference) if named else "folder", "size": size,
@@ -346,11 +354,14 @@ def reference_statistics(reference: str = "digits-train", extractor: str = "digi
     key = cache_key("reference_stats", setting, data=None if named else Path(reference))
     tag = str(reference) if named else "folder"
     path = cache_dir("metrics") / f"stats-{tag}-{size or 'native'}px-{extractor}-{key}.npz"
-    with FileLock(str(path) + ".lock"):
-        if refresh or not path.is_file():
-            f = extract_features(reference, extractor, weights_path, size=size)["features"]
-            mu, sigma = feature_statistics(f, str(reference))
-            save_statistics(path, mu, sigma, len(f), extractor)
+    with cache_lock(path, write=refresh):
+        if not refresh and path.is_file():
+            try: return load_statistics(path)
+            except ValueError as e:
+                warnings.warn(f"{e}; the cached statistics are measured again")
+        f = extract_features(reference, extractor, weights_path, size=size)["features"]
+        mu, sigma = feature_statistics(f, str(reference))
+        save_statistics(path, mu, sigma, len(f), extractor)
     return load_statistics(path)
 
 

@@ -19,13 +19,26 @@ REFERENCES = ("digits-train", "digits-valid", "digits-all")
 __all__ = ['DIGITS_FEATURE_SIZE', 'REFERENCES', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
 
 # %% ../nbs/34_metric_images.ipynb #e4882206
+_INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+def _int_to_uint8(x: torch.Tensor, value_range=None) -> torch.Tensor:
+    "Integer images: pixel values in [0, 255], as uint8 (no `value_range`: that is for floats)."
+    lo, hi = int(x.min()), int(x.max())
+    if lo < 0 or hi > 255:
+        raise ValueError(f"{x.dtype} images span [{lo}, {hi}]: integer images must be pixel values "
+                         "in [0, 255] (16-bit images: divide by 65535 and pass floats in [0, 1])")
+    if value_range is not None:
+        raise ValueError(f"value_range={value_range!r} is for float images; {x.dtype} images are "
+                         "read as pixel values in [0, 255]: drop value_range or pass floats")
+    return x.to(torch.uint8)
+
 def _float_to_uint8(x: torch.Tensor, value_range=None) -> torch.Tensor:
-    """Float (or integer) images -> uint8 in [0, 255], from `value_range` (-1, 1) or (0, 1). Without
-    it, negative values mean [-1, 1]."""
-    if x.dtype == torch.bool or not (
-            x.is_floating_point() or x.dtype in (torch.int16, torch.int32, torch.int64)):
-        raise TypeError(f"unsupported image dtype {x.dtype}; use uint8 in [0, 255] or float in "
-                        "[-1, 1] / [0, 1]")
+    """Float images -> uint8 in [0, 255], from `value_range` (-1, 1) or (0, 1). Without it, negative
+    values mean [-1, 1]. Integer images (int8 to int64) go to `_int_to_uint8`."""
+    if x.dtype in _INTS: return _int_to_uint8(x.detach().cpu(), value_range)
+    if not x.is_floating_point():
+        raise TypeError(f"unsupported image dtype {x.dtype}; use uint8 or integers in [0, 255], or "
+                        "float in [-1, 1] / [0, 1]")
     x = x.detach().cpu().double()   # on the CPU, from any device (MPS has no float64)
     if not torch.isfinite(x).all():
         raise ValueError(f"{int((~torch.isfinite(x)).sum())} NaN/inf pixel value(s): the sampler "
@@ -75,6 +88,22 @@ def _centre_square(im):
     left, top = (w - s) // 2, (h - s) // 2
     return im if w == h else im.crop((left, top, left + s, top + s))
 
+def _open_metric_image(path: Path):
+    """`open_image(path, 'RGB', alpha='drop')`, except float images (PIL mode 'F', e.g. 32-bit float
+    TIFFs): PIL's RGB conversion clips them to 0..255, so [0, 1] data would read as black. Values
+    in [0, 1] are scaled by 255, values up to 255 kept, others refused naming the file."""
+    from PIL import Image, ImageOps
+    from course_lib.data import open_image
+    with Image.open(path) as im:
+        if im.mode != "F": return open_image(path, "RGB", alpha="drop")
+        a = np.asarray(ImageOps.exif_transpose(im), dtype=np.float64)
+    lo, hi = (float(a.min()), float(a.max())) if np.isfinite(a).all() else (np.nan, np.nan)
+    if not (lo >= 0 and hi <= 255):
+        raise ValueError(f"{path}: float image (mode 'F') with values in [{lo:.4g}, {hi:.4g}]; "
+                         "save it with values in [0, 1] or [0, 255], or as an 8-bit PNG")
+    a = a * 255 if hi <= 1 else a
+    return Image.fromarray(np.rint(a).clip(0, 255).astype(np.uint8), "L").convert("RGB")
+
 def _has_transparency(path: Path) -> bool:
     from PIL import Image
     with Image.open(path) as im:
@@ -87,7 +116,7 @@ def _load_folder(folder: Path, size: int | None) -> torch.Tensor:
     with a warning naming the transparent files). With `size`: each image centre-cropped to a square
     (no resampling), then resized by `_resize_uint8`, the one pipeline of tensors and references
     too."""
-    from course_lib.data import scan_image_folder, open_image
+    from course_lib.data import scan_image_folder
     rep = scan_image_folder(folder)
     if not rep.ok:
         raise ValueError(f"no usable images in {folder} ({len(rep.skipped)} other file(s)); the "
@@ -102,7 +131,7 @@ def _load_folder(folder: Path, size: int | None) -> torch.Tensor:
             f" ({', '.join(clear[:3])}...): the alpha channel is dropped, as torch-fidelity,"
             " pytorch-fid and clean-fid do; composite them onto a background first if that is what"
             " you mean")
-    ims = [open_image(p, "RGB", alpha="drop") for p in rep.ok]
+    ims = [_open_metric_image(p) for p in rep.ok]
     if size is None:
         shapes: dict = {}
         for im in ims:
@@ -170,12 +199,13 @@ def as_uint8_images(source, num_samples: int | None = None, size: int | None = N
 
     `source`:
 
-    - a folder (str/Path) of png/jpg/webp/bmp images (all the same size, unless `size` is given);
+    - a folder (str/Path) of png/jpg/webp/bmp/tif images (all the same size, unless `size` is
+      given), float TIFFs in [0, 1] scaled to [0, 255];
     - a reference name: 'digits-train', 'digits-valid' or 'digits-all' (the course's real digits, at
       `size`, default 16);
-    - a tensor or array `(N, C, H, W)`, `(N, H, W, C)` or `(N, H, W)`: uint8 in [0, 255], or float
-      in [-1, 1] (detected by negative values) or [0, 1] (`value_range` forces one), 1 channel
-      repeated to 3;
+    - a tensor or array `(N, C, H, W)`, `(N, H, W, C)` or `(N, H, W)`: uint8 or other integers
+      (pixel values in [0, 255]), or float in [-1, 1] (detected by negative values) or [0, 1]
+      (`value_range` forces one), 1 channel repeated to 3;
     - a `Dataset` (or list) whose items are images or tuples `(image, label, ...)`;
     - a callable `f(batch_size) -> images` (a sampler): called until `num_samples` images are
       collected, the value range of float images decided once, from the first batch.
@@ -183,8 +213,8 @@ def as_uint8_images(source, num_samples: int | None = None, size: int | None = N
     `num_samples`: keep the first `num_samples` (required for a callable). `size`: resize all images
     to `size` x `size` (bilinear, antialiased, folders: centre square first), one pipeline for every
     source. Everything is loaded into memory (fine for the course's sizes). Raises `ValueError` for
-    an empty or missing folder, mixed image sizes, NaN pixels, an out-of-range float, zero images,
-    `TypeError` for an unsupported source or dtype."""
+    an empty or missing folder, mixed image sizes, NaN pixels, an out-of-range float or integer,
+    zero images, `TypeError` for an unsupported source or dtype."""
     if isinstance(source, (str, Path)): x = _from_path(source, size)
     elif callable(source) and not isinstance(source, Dataset):
         x = _from_sampler(source, num_samples, batch_size, value_range)

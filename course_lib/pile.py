@@ -270,13 +270,12 @@ def mini_pile(max_mb_per_subset: float = 4.0, max_doc_kb: float = 256,
               rebuild: bool = False) -> dict[str, Path]:
     """The mini-Pile from the course cache (`cache_dir('pile', ...)`, keyed by its settings), built
     once under a file lock."""
-    from filelock import FileLock
     from course_lib.core import cache_dir
-    from course_lib.cache import cache_key
+    from course_lib.cache import cache_key, cache_lock
     setting = {"max_mb_per_subset": max_mb_per_subset, "max_doc_kb": max_doc_kb}
     key = f"mini-pile-{max_mb_per_subset:g}mb-" + cache_key("mini_pile", setting, code_version=1)
     d = cache_dir("pile", key)
-    with FileLock(str(d) + ".lock"):
+    with cache_lock(d, write=rebuild):     # a read-only cache that holds it: read without a lock
         paths = {s: d/f"{s}.jsonl.zst" for s in SPLITS}
         complete = all(p.is_file() for p in paths.values()) and (d/"manifest.json").is_file()
         if rebuild or not complete:

@@ -15,10 +15,11 @@ if TYPE_CHECKING:
     import course_lib.units
 
 # %% auto #0
-__all__ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'code_version', 'notebook_hash', 'machine_description',
-           'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'recorded_run', 'run_seconds', 'format_value',
-           'unit_bars', 'eval_bound', 'check_bars', 'stored_results', 'figures_region', 'bars_line', 'times_line',
-           'bars_report', 'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures']
+__all__ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME', 'code_version', 'notebook_hash',
+           'machine_description', 'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'recorded_run',
+           'run_seconds', 'format_value', 'unit_bars', 'eval_bound', 'check_bars', 'stored_results', 'figures_region',
+           'bars_line', 'figure_cell', 'times_line', 'bars_report', 'readme_regions', 'render_readme', 'write_figures',
+           'hand_typed_figures', 'typed_times']
 
 # %% ../nbs/08_run_records.ipynb #4ad7932e
 def code_version() -> str:
@@ -242,8 +243,8 @@ def figures_region(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
             f"{unit.slug} --profile full`, then `course readme {unit.slug} --results "
             f"runs/{unit.slug}-full/results.json`.")
     rows = ["| notebook | figure | value |", "|---|---|---|"]
-    for stem, figs in run["notebooks"].items():
-        rows += [f"| {stem} | `{k}` | {format_value(v)} |" for k, v in figs.items()]
+    rows += [f"| {stem} | `{k}` | {figure_cell(k, v, run['profile'])} |"
+             for stem, figs in run["notebooks"].items() for k, v in figs.items()]
     times = [times_line(run)] if run.get("seconds") else []
     bars = [bars_line(unit, run)] if any(unit_bars(unit, run["profile"]).values()) else []
     return "\n".join([BEGIN.format(file=f, slug=unit.slug), "", head, "", *times, *bars, *rows, "",
@@ -259,8 +260,17 @@ def bars_line(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
     return (f"Bars of the {run['profile']} profile (`unit.toml`, `[bars.{run['profile']}]`): "
             f"**{n - len(bad)} of {n} met**.{missed}\n")
 
-
 # %% ../nbs/08_run_records.ipynb #a715fcb8
+def figure_cell(name: str, v: Any, profile: str) -> str:
+    """The table cell of the recorded figure `name` = `v` of a `profile` run: `format_value(v)`,
+    and for a `..._bars_met` figure of a run other than the full profile, that those bars are the
+    full profile's, which this profile's smaller runs are not held to."""
+    cell = format_value(v)
+    if name.endswith("bars_met") and profile != "full":
+        cell += (f" (the full profile's bars, asserted only there: the {profile} profile's smaller "
+                 "runs are not held to them)")
+    return cell
+
 def times_line(run: dict[str, Any]) -> str:
     "The wall time of each notebook of `run` and their total, with the cache and load it ran at."
     secs = run["seconds"]
@@ -280,7 +290,6 @@ def bars_report(unit: course_lib.units.Unit, profile: str, stem: str, figures: d
     bad = check_bars(bars, figures, f"{unit.name}/{stem}")
     return (f"      bars ({profile}): {len(bars) - len(bad)} of {len(bars)} met"
             + "".join(f"\n      MISSED {b}" for b in bad))
-
 
 # %% ../nbs/08_run_records.ipynb #c58f70da
 def readme_regions(text: str) -> list[tuple[int, int, str]]:
@@ -352,3 +361,24 @@ def hand_typed_figures(unit: course_lib.units.Unit, text: str) -> list[str]:
             bad.append(line.strip())
     return bad
 
+
+# %% ../nbs/08_run_records.ipynb #d4b9e2a6
+TYPED_TIME = re.compile(r"(?:\b(?:about|around|roughly|under|over|takes?|took|in)\s+|~\s*)"
+                        r"\d+(?:[.,]\d+)?\s*(?:s|secs?|seconds?|min|mins|minutes?|h|hours?)\b"
+                        r"|\b\d+(?:[.,]\d+)?\s*(?:seconds?|minutes?|mins?|s)\b", re.I)
+
+def typed_times(source: str) -> list[tuple[int, str]]:
+    """`(line, text)` of each time typed into a comment or a docstring of the Python `source`
+    ('about N s', 'N min', 'N seconds' with N a number). Lines of IPython magics (`%`, `!`) are
+    skipped."""
+    import io, tokenize
+    lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines(True)]
+    out, prev = [], None
+    starts = (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE)
+    for t in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+        doc = t.type == tokenize.STRING and (prev is None or prev.type in starts)
+        if t.type == tokenize.COMMENT or doc:
+            out += [(t.start[0], m.group(0)) for m in TYPED_TIME.finditer(t.string)]
+        if t.type not in (tokenize.NL, tokenize.COMMENT):
+            prev = t
+    return out

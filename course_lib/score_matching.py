@@ -16,7 +16,7 @@ from .core import (
 
 # %% auto #0
 __all__ = ['GaussianMixture', 'make_mixture', 'toy_data', 'dsm_loss', 'ssm_loss', 'ScoreMLP', 'check_sigma_range',
-           'ToyScoreConfig', 'sample_sigmas', 'train_toy_score', 'load_toy_score', 'score_error',
+           'ToyScoreConfig', 'sample_sigmas', 'train_toy_score', 'cached_model_state', 'load_toy_score', 'score_error',
            'relative_score_errors']
 
 # %% ../nbs/20_score_matching.ipynb #18038440
@@ -287,6 +287,13 @@ def train_toy_score(config: ToyScoreConfig, progress: bool = False) -> tuple[Sco
     return model.eval(), losses
 
 # %% ../nbs/20_score_matching.ipynb #38a8fce3
+def cached_model_state(path, how: str) -> dict:
+    "The model state of a cached checkpoint; a damaged file is named, with the way to replace it."
+    try: return load_checkpoint(path)[0]["model"]
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"the cached model {path} is damaged ({e}): {how} trains it again and "
+                         "replaces it (or delete the file)") from None
+
 def load_toy_score(config: ToyScoreConfig | None = None, progress: bool = False,
                    retrain: bool = False) -> ScoreMLP:
     """The trained toy score model for `config` (default `ToyScoreConfig()`): loaded from
@@ -301,7 +308,7 @@ def load_toy_score(config: ToyScoreConfig | None = None, progress: bool = False,
     with cached(path, key, code, retrain, "load_toy_score(config, retrain=True)") as hit:
         if hit:
             model = ScoreMLP(2, config.hidden, config.n_layers, seed=config.seed)
-            model.load_state_dict(load_checkpoint(path)[0]["model"])
+            model.load_state_dict(cached_model_state(path, "load_toy_score(config, retrain=True)"))
             return model.eval()
         model, losses = train_toy_score(config, progress)
         save_checkpoint(path, {"model": model.state_dict(), "losses": torch.tensor(losses)},

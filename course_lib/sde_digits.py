@@ -54,7 +54,7 @@ def _t64(t) -> torch.Tensor:
 
 @patch
 def log_alpha_bar(self: ScheduleVPSDE, t) -> torch.Tensor:
-    """`log alpha_bar(t)`, piecewise linear; `t` clamped to [0, 1]. Like `beta` and
+    """`log alpha_bar(t)`, piecewise linear, `t` clamped to [0, 1]. Like `beta` and
     `model_timestep`, float64 on the CPU, where the tables are (MPS has no float64): callers move
     the result to `x` (`.to(x)`)."""
     t = _t64(t).clamp(0, 1)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import tomllib
 
-from .units import PROFILES, Unit, cell_flags
+from .units import PROFILES, Unit, cell_flags, format_duration
 from .run_records import stamp_matches
 
 # %% auto #0
-__all__ = ['COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'executed_matches', 'with_current_text',
-           'find_executed', 'rewrite_links', 'unit_prerequisites', 'measured_seconds', 'nbformat_cell',
-           'lesson_notebook', 'unit_table', 'home_markdown', 'library_modules', 'api_pages']
+__all__ = ['COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'executed_matches', 'merge_parameters',
+           'with_current_text', 'find_executed', 'rewrite_links', 'unit_prerequisites', 'measured_seconds',
+           'nbformat_cell', 'lesson_notebook', 'unit_table', 'home_markdown', 'library_modules', 'api_pages']
 
 # %% ../nbs/06_site_pages.ipynb #3e490c68
 def site_settings(root: str | os.PathLike) -> dict[str, str]:
@@ -63,21 +63,65 @@ def executed_matches(executed: dict, source: dict) -> bool:
             return False
     return i == len(ran)
 
+# %% ../nbs/06_site_pages.ipynb #9ca8db97
+def _assigned(src: str) -> dict[str, tuple[int, int, str]]:
+    "name -> (first line, last line, value's source) of each top-level `name = value` of `src`."
+    import ast
+    try: tree = ast.parse(src)
+    except SyntaxError: return {}
+    out = {}
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1: t = n.targets[0]
+        elif isinstance(n, ast.AnnAssign) and n.value is not None: t = n.target
+        else: continue
+        if isinstance(t, ast.Name):
+            out[t.id] = (n.lineno, n.end_lineno, ast.get_source_segment(src, n.value))
+    return out
+
+def _comment(line: str) -> str:
+    "The text of `line`'s trailing comment, or ''."
+    import io, tokenize
+    try: toks = list(tokenize.generate_tokens(io.StringIO(line + "\n").readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError): return ""
+    return next((t.string.lstrip("# ") for t in toks if t.type == tokenize.COMMENT), "")
+
+def merge_parameters(params: str, injected: str) -> str:
+    """The source `params` of a `parameters` cell with the values of papermill's `injected` cell
+    written in: a changed line shows the value that ran and, in its comment, the notebook's
+    default. Values `params` does not set are added at the end."""
+    new, old = _assigned(injected), _assigned(params)
+    lines, extra = params.splitlines(), []
+    for name, (_, _, value) in sorted(new.items(), key=lambda kv: -old.get(kv[0], (0,))[0]):
+        if name not in old:
+            extra.append(f"{name} = {value}  # set by the run")
+            continue
+        a, b, was = old[name]
+        if was == value: continue
+        note = _comment(lines[b - 1])
+        was = was if "\n" not in was and len(was) <= 40 else "see the notebook"
+        indent = lines[a - 1][:len(lines[a - 1]) - len(lines[a - 1].lstrip())]
+        lines[a - 1:b] = [f"{indent}{name} = {value}  # {note + ', ' if note else ''}"
+                          f"notebook default: {was}"]
+    return "\n".join(lines + extra)
+
+
 # %% ../nbs/06_site_pages.ipynb #89587a23
 def with_current_text(executed: dict, source: dict) -> dict:
     """`source`'s cells in order, each code cell replaced by the one `executed` ran (with its
-    outputs), the injected parameters after the `parameters` cell: a page whose text is the
-    notebook's now. Needs `executed_matches(executed, source)`."""
+    outputs), the injected parameters written into the `parameters` cell (`merge_parameters`, no
+    separate injected cell): a page whose text is the notebook's now, each value that ran shown
+    once. Needs `executed_matches(executed, source)`."""
     ran, i, out = _ran(executed), 0, []
-    injected = [c for c in executed.get("cells", [])
-                if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    injected = "\n".join(_code(c["source"]) for c in executed.get("cells", [])
+                          if "injected-parameters" in c.get("metadata", {}).get("tags", []))
     for c in source.get("cells", []):
         took = (c["cell_type"] == "code" and i < len(ran)
                 and _code(ran[i]["source"]) == _code(c["source"]))
-        out.append(ran[i] if took else c)      # a flagged cell that did not run: without outputs
+        cell = ran[i] if took else c           # a flagged cell that did not run: without outputs
+        if injected and "parameters" in c.get("metadata", {}).get("tags", []):
+            cell = {**cell, "source": merge_parameters(_code(cell["source"]), injected)}
+        out.append(cell)
         i += took
-        if "parameters" in c.get("metadata", {}).get("tags", []):
-            out += injected
     return {**executed, "cells": out}
 
 # %% ../nbs/06_site_pages.ipynb #61a7ecae
@@ -236,8 +280,7 @@ def measured_seconds(unit: Unit, profile: str, dirs: list[Path]) -> float | None
         total += float(meta.get("papermill", {}).get("duration") or 0)
     return total if unit.notebooks else None
 
-def _minutes(s: float) -> str:
-    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+def _minutes(s: float) -> str: return format_duration(s)
 
 # %% ../nbs/06_site_pages.ipynb #ab0bbb0b
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"

@@ -18,9 +18,9 @@ from .run_records import bars_report, run_info, stamp_executed
 
 # %% auto #0
 __all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'project_root', 'Unit', 'load_unit', 'load_units',
-           'find_unit', 'MissingExtra', 'import_extra', 'notebook_parameters', 'cell_flags', 'unavailable_flags',
-           'drop_flagged_cells', 'current_kernelspec_dir', 'NotebookFailed', 'run_notebook', 'check_profiles',
-           'results_table', 'run_units', 'is_notebook_name', 'find_notebook']
+           'find_unit', 'format_duration', 'MissingExtra', 'import_extra', 'notebook_parameters', 'cell_flags',
+           'unavailable_flags', 'drop_flagged_cells', 'current_kernelspec_dir', 'NotebookFailed', 'run_notebook',
+           'check_profiles', 'results_table', 'run_units', 'is_notebook_name', 'find_notebook']
 
 # %% ../nbs/05_units.ipynb #6fd39da9
 PROFILES = ("quick", "full")
@@ -134,14 +134,45 @@ def load_units(root: str | os.PathLike | None = None) -> list[Unit]:
     found = [p for p in (root/"units").iterdir() if (p/"unit.toml").is_file()]
     return sorted((load_unit(p, root/"nbs") for p in found), key=lambda u: u.number)
 
+
+# %% ../nbs/05_units.ipynb #53732be5
+def _unit_at(p: Path, units: list[Unit]) -> Unit | None:
+    "The unit whose folder is the path `p` (relative to the working directory), or None."
+    for u in units:
+        if p.resolve() == u.path.resolve(): return u
+    if (p/"unit.toml").is_file():
+        raise KeyError(f"{p} is a unit folder, but not one of this project's "
+                       f"({units[0].path.parent if units else 'units/'}): run course from the "
+                       f"project that holds it")
+    return next((u for u in units if u.name == p.name), None)   # units/01_ddpm from elsewhere
+
 def find_unit(key: str, units: list[Unit]) -> Unit:
-    """The unit named by `key`: its slug (`ddpm`), number (`1`, `01`) or folder name (`01_ddpm`).
-    `KeyError` listing the valid names otherwise."""
+    """The unit named by `key`: its slug (`ddpm`), number (`1`, `01`), folder name (`01_ddpm`) or
+    folder path (`units/01_ddpm`, `units/01_ddpm/`, absolute). `KeyError` listing the valid names
+    otherwise."""
+    key = str(key)
     for u in units:
         if key in (u.slug, u.name) or (key.isdigit() and int(key) == u.number):
             return u
+    p = Path(key)
+    if len(p.parts) > 1 or key.endswith(("/", os.sep)) or p.is_dir():
+        u = _unit_at(p, units)
+        if u is not None: return u
     valid = ", ".join(f"{u.slug} ({u.number})" for u in units)
-    raise KeyError(f"unknown unit {key!r}; valid units: {valid}, all")
+    raise KeyError(f"unknown unit {key!r}; valid units: {valid}, all, or a unit's folder "
+                   f"(units/{units[0].name if units else '00_start'})")
+
+
+# %% ../nbs/05_units.ipynb #68f18321
+def format_duration(seconds: float) -> str:
+    """`seconds` as a reader takes it: 'under 1 s', '45 s' (under 90 s), '2.5 min'. Never
+    '0 min'. Raises `ValueError` for a negative or non-finite duration."""
+    import math
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"a duration is a finite number of seconds >= 0, got {seconds!r}")
+    if seconds < 0.5: return "under 1 s"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
 
 # %% ../nbs/05_units.ipynb #89fb81d5
 class MissingExtra(ModuleNotFoundError):

@@ -16,35 +16,59 @@ from .vision_registry import (check_model_name, model_data_config, model_in_chan
 
 
 # %% auto #0
-__all__ = ['save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned']
+__all__ = ['unwrap_model', 'clean_key', 'save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model',
+           'load_finetuned']
+
+# %% ../nbs/53_vision_checkpoints.ipynb #b8d2f1e3
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain model inside `torch.compile` (`._orig_mod`) and `DataParallel` /
+    `DistributedDataParallel` (`.module`) wrappers, nested in any order."""
+    while True:
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module): model = model._orig_mod
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else: return model
+
+def clean_key(name: str) -> str:
+    """A state-dict key without the wrappers' leading `_orig_mod.` / `module.` prefixes (timm's
+    `clean_state_dict`)."""
+    while name.startswith(_WRAPPER_PREFIXES): name = name.split(".", 1)[1]
+    return name
 
 # %% ../nbs/53_vision_checkpoints.ipynb #d7aa459d
 def save_model(model: nn.Module, path: str | os.PathLike, **metadata) -> Path:
     """Write `model.state_dict()` to a safetensors file at `path` atomically
     (`course_lib.core.save_checkpoint`), with `architecture`, `num_classes`, `in_chans` and
     `input_size` (plus `metadata`, JSON-encoded) in the header. The file is a flat state dict:
-    `timm.create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=path))` reads it."""
+    `timm.create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=path))` reads it. A
+    compiled or DataParallel/DDP-wrapped model is saved as the plain model (`unwrap_model`)."""
+    model = unwrap_model(model)
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     meta = dict(architecture=cfg.get("architecture", type(model).__name__),
                 num_classes=str(model.num_classes), in_chans=str(model_in_chans(model)),
                 input_size=json.dumps(list(model_data_config(model)["input_size"])))
     meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
-    return save_checkpoint(path, {k: v for k, v in model.state_dict().items()}, metadata=meta)
+    return save_checkpoint(path, {clean_key(k): v for k, v in model.state_dict().items()},
+                           metadata=meta)
 
 def checkpoint_info(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
     """The tensor shapes `{name: shape}` and header metadata of a safetensors checkpoint, without
-    loading it. Raises `FileNotFoundError` (missing) or `ValueError` (not a safetensors file)."""
+    loading it, names without wrapper prefixes (`clean_key`). Raises `FileNotFoundError` (missing)
+    or `ValueError` naming the file (damaged, truncated or not a safetensors file)."""
     from safetensors import safe_open
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"no checkpoint at {path}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            shapes = {clean_key(k): tuple(f.get_slice(k).get_shape()) for k in f.keys()}
             meta = dict(f.metadata() or {})
     except Exception as e:
         raise ValueError(
-            f"{path} is not a safetensors checkpoint ({type(e).__name__}: {e}); save one with "
-            "course_lib.vision.save_model or safetensors.torch.save_file(model.state_dict(), path)"
+            f"{path} is damaged or not a safetensors checkpoint ({type(e).__name__}: {e}): copy"
+            " it again if it was cut short, or save it again with course_lib.vision.save_model"
+            " (or safetensors.torch.save_file(model.state_dict(), path))"
         ) from None
     return shapes, meta
 
@@ -123,6 +147,7 @@ def check_checkpoint(model: nn.Module, path: str | os.PathLike) -> dict[str, str
     mismatch), an `in_chans` mismatch in the first convolution, an `img_size` mismatch (a ViT's
     position embedding), or a classifier partly in the file. A file without any classifier weights
     (a backbone) fits: loading gives it a fresh head. `FileNotFoundError` if the file is missing."""
+    model = unwrap_model(model)
     shapes, meta = checkpoint_info(path)
     arch = (getattr(model, "pretrained_cfg", {}) or {}).get("architecture")
     if meta.get("architecture") and arch and meta["architecture"] != arch:

@@ -48,14 +48,18 @@ def count_params(model: nn.Module, trainable_only: bool = False) -> int:
 @torch.no_grad()
 def count_flops(model: nn.Module, input_size: Sequence[int]) -> int:
     """FLOPs of one forward pass of `model` on a batch of one `(1, *input_size)` image, counted by
-    `torch.utils.flop_counter.FlopCounterMode` (2 FLOPs per multiply-accumulate in matmuls and
-    convolutions, elementwise ops are not counted). `input_size` is `(C, H, W)`."""
+    `torch.utils.flop_counter.FlopCounterMode`: 2 FLOPs per multiply-accumulate (MAC) in matmuls
+    and convolutions, while elementwise ops (softmax, norms, activations) are not counted. Attention
+    counts too: `F.scaled_dot_product_attention` runs on its math backend here, so `q @ k^T` and
+    `attn @ v` are two matmuls of `2 B heads N^2 head_dim` FLOPs each (the fused CPU kernel is
+    invisible to the counter). `input_size` is `(C, H, W)`."""
     from torch.utils.flop_counter import FlopCounterMode
+    from torch.nn.attention import sdpa_kernel, SDPBackend
     was_training = model.training
     model.eval()
     p = next(model.parameters())
     x = torch.zeros(1, *input_size, device=p.device, dtype=p.dtype)
-    with FlopCounterMode(display=False) as fc: model(x)
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc: model(x)
     model.train(was_training)
     return int(fc.get_total_flops())
 

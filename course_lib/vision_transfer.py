@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import timm
-from filelock import FileLock
 from torch.utils.data import TensorDataset
 
+from .cache import cache_lock
 from .core import (restore_pretrained, grad_enabled, seed_everything, get_device,
                              cache_dir)
 from .data import Digits
@@ -352,7 +352,7 @@ def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 1
     setting = {k: v for k, v in conf.items() if k != "v"}
     key = cache_key("vision_source", setting, code_version=conf["v"])
     path = cache_dir("vision") / f"{model_name}-source-{key}.safetensors"
-    with FileLock(str(path) + ".lock"):
+    with cache_lock(path):        # no lock needed to read a read-only cache that holds it
         # a trained copy shipped with the package, if any
         restore_pretrained(path)
         if path.is_file(): return path

@@ -126,12 +126,15 @@ class _Fast:
 def _zstd_chunks(fh, stats, read_size: int = 1 << 16, skip: int = 0) -> Iterator[bytes]:
     """The careful path: decompressed pieces of a (multi-frame) zstd stream after its first `skip`
     bytes, from frame to frame. Raises `_Corrupt` (compressed offset to within `read_size`) on
-    corrupt or truncated input. `stats`: a `ReadStats` whose byte counts are kept."""
+    corrupt, truncated or empty (0-byte) input.
+    `stats`: a `ReadStats` whose byte counts are kept."""
     dctx = _dctx()
     new = lambda: dctx.decompressobj(write_size=1 << 20)
-    dobj, in_frame = new(), False
+    dobj, in_frame, start = new(), False, fh.tell()
     while True:
         c = fh.read(read_size)
+        if not c and fh.tell() == start == 0:      # nothing at all: not a zstd stream
+            raise _Corrupt(0, "the file is empty (0 bytes), so not a zstd stream")
         if not c: break
         stats.compressed_bytes += len(c)
         while c:

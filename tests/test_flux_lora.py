@@ -303,3 +303,16 @@ def test_lora_on_a_bfloat16_base_trains_float32_weights(folder, tmp_path):
                            progress=False)                   # resumed: float32 state into float32 weights
     assert more.step == 4 and torch.isfinite(torch.tensor(more.history[-1]["loss"]))
     assert torch.isfinite(gen(pipe)).all()
+
+
+def test_dashboard_widgets_train_and_draw_the_loss_curve(base, folder, tmp_path, widgets):
+    """In a live notebook (widgets, not headless) the loss curve is redrawn every 10 steps. The FLUX trainer's
+    rows carry the loss alone; `loss_figure` asked every row for unit 4's concept and prior losses, so the first
+    redraw raised KeyError('concept_loss') in the training thread: lesson 73 stopped there in Jupyter and Colab,
+    while the tests (headless) never drew it."""
+    dash = FluxLoRADashboard(base, tmp_path/"runs", folder, cfg(steps=10, checkpoint_every=5), headless=False)
+    dash.start("w")
+    run = dash.wait()
+    assert run.step == 10 and dash.error is None, dash.status.value
+    assert bytes(dash.curve.value)[:8] == b"\x89PNG\r\n\x1a\n", "no loss curve drawn"
+    assert "error" not in dash.status.value.lower(), dash.status.value

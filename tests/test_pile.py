@@ -157,7 +157,8 @@ def test_lenient_never_loses_a_good_record(tmp_path):
 
 def test_empty_file_and_empty_frame(tmp_path):
     (tmp_path / "e.jsonl.zst").write_bytes(b"")
-    assert list(read_jsonl_zst(tmp_path / "e.jsonl.zst")) == []
+    with pytest.raises(PileFormatError, match=r"empty \(0 bytes\)"):     # a 0-byte shard is refused, not read as empty
+        list(read_jsonl_zst(tmp_path / "e.jsonl.zst"))
     write_jsonl_zst(tmp_path / "f.jsonl.zst", [])
     assert list(read_jsonl_zst(tmp_path / "f.jsonl.zst")) == []
     with pytest.raises(FileNotFoundError, match="nope"):
@@ -232,7 +233,9 @@ def test_a_cut_anywhere_is_found(tmp_path):
     data, bounds = b"".join(frames), {0}
     for f in frames: bounds.add(len(b"".join(frames[:frames.index(f) + 1])))
     full = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
-    cuts = sorted(set(range(0, len(data), 23)) | {b + d for b in bounds for d in (-2, -1, 0, 1, 2)} - {-1, -2, len(data) + 1, len(data) + 2})
+    # a cut at byte 0 leaves an empty file, refused as such (test_empty_file_and_empty_frame)
+    cuts = sorted((set(range(0, len(data), 23)) | {b + d for b in bounds for d in (-2, -1, 0, 1, 2)})
+                  - {-1, -2, 0, len(data) + 1, len(data) + 2})
     for i, cut in enumerate(cuts):
         (tmp_path / "c.jsonl.zst").write_bytes(data[:cut])
         got = []

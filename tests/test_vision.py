@@ -51,8 +51,6 @@ def test_flop_counter_matches_closed_form():
     assert count_params(m) == sum(p.numel() for p in m.parameters()) and count_flops(m, (1, 32, 32)) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="count_flops misses the attention matmuls on CPU: FlopCounterMode has no "
-                   "formula for the CPU scaled_dot_product_attention kernel (38.5 MFLOPs counted, 45.0 by hand)")
 def test_vit_flops_match_closed_form():
     "course_vit_32 by hand: 4x4 patches (64 + class token = 65 tokens), width 96, MLP 192, 4 blocks, 5 classes."
     t, d, h = 65, 96, 192
