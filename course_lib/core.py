@@ -16,7 +16,8 @@ if TYPE_CHECKING: import torch   # for the annotations only (they are strings: s
 # %% auto #0
 __all__ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', 'cache_dir', 'artifact_dir', 'pretrained_dir',
            'restore_pretrained', 'patch_to', 'patch', 'atomic_write', 'save_checkpoint', 'load_checkpoint',
-           'results_path', 'read_results', 'record', 'in_colab', 'network_available', 'OfflineError', 'grad_enabled']
+           'unwrap_model', 'clean_key', 'results_path', 'read_results', 'record', 'in_colab', 'network_available',
+           'OfflineError', 'grad_enabled']
 
 # %% ../nbs/00_core.ipynb #23c45c88
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -318,6 +319,26 @@ def load_checkpoint(path: str | os.PathLike,
     skeleton = meta.pop("course_lib.structure", None)
     state = _unflatten(json.loads(skeleton), tensors) if skeleton else tensors
     return state, meta
+
+# %% ../nbs/00_core.ipynb #5baba8eb
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+def unwrap_model(model):
+    """The plain `nn.Module` inside `torch.compile` (`._orig_mod`) and `DataParallel` /
+    `DistributedDataParallel` (`.module`) wrappers, nested in any order (itself when unwrapped)."""
+    from torch import nn
+    while True:
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module): model = model._orig_mod
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else: return model
+
+def clean_key(name: str) -> str:
+    """A state-dict key without the wrappers' leading `_orig_mod.` / `module.` prefixes (timm's
+    `clean_state_dict`)."""
+    while name.startswith(_WRAPPER_PREFIXES): name = name.split(".", 1)[1]
+    return name
+
 
 # %% ../nbs/00_core.ipynb #49ccb8af
 def results_path() -> Path:

@@ -20,9 +20,10 @@ __all__ = ['lora_state', 'reduce_rank', 'save_flux_lora', 'check_flux_lora', 'lo
 def lora_state(pipe, adapter_name: str = "default") -> dict[str, dict[str, torch.Tensor]]:
     "The LoRA weights of the transformer (and the text encoder, if adapted), peft's key names."
     from peft.utils import get_peft_model_state_dict
+    from course_lib.core import unwrap_model
     out = {}
     for part in ("transformer", "text_encoder"):
-        m = getattr(pipe, part)
+        m = unwrap_model(getattr(pipe, part))        # compiled or wrapped: the plain model's names
         if adapter_name in (getattr(m, "peft_config", None) or {}):
             out[part] = get_peft_model_state_dict(m, adapter_name=adapter_name)
     return out

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import course_lib
-from .core import atomic_write, cache_dir
+from .core import atomic_write, cache_dir, unwrap_model
 from .lora import (active_adapters, adapter_names, merge_adapters, remove_adapter,
                              set_adapters, unmerge_adapters)
 from .lora_data import TRIGGER, ConceptDataset, write_concept_folder, write_style_folder
@@ -38,6 +38,7 @@ def base_fingerprint(unet: nn.Module) -> str:
     the same base with or without adapters. Raises `ValueError` when an adapter is merged into the
     weights (unmerge first)."""
     from peft.tuners.lora import LoraLayer
+    unet = unwrap_model(unet)                       # a compiled / DataParallel model: the same base
     if any(isinstance(m, LoraLayer) and m.merged for m in unet.modules()):
         raise ValueError("an adapter is merged into the base weights; call unmerge_adapters(model) "
                          "before hashing or loading")
@@ -84,7 +85,7 @@ def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "
     LoRA bias, fan_in_fan_out)."""
     from peft.functional import get_peft_model_state_dict
     from safetensors.torch import save
-    path = Path(path)
+    path, unet = Path(path), unwrap_model(unet)     # the plain model's names, wrapped or not
     if path.suffix != ".safetensors":
         raise ValueError(f"adapters are written as .safetensors only (pickle formats can run code "
                          f"when loaded), got {path.name!r}")
@@ -238,6 +239,7 @@ def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | N
     modules (nothing missing, nothing unexpected), the name is not taken. On any failure the model
     is left as it was."""
     from peft.functional import set_peft_model_state_dict, delete_adapter
+    unet = unwrap_model(unet)                       # peft's layers live in the plain model
     tensors, meta = read_adapter(path)
     name = adapter_name or re.sub(r"[^\w-]", "_", meta.get("adapter_name") or Path(path).stem)
     _check_adapter_file(unet, path, tensors, meta, name, check_base)

@@ -16,26 +16,13 @@ from .vision_registry import (check_model_name, model_data_config, model_in_chan
 
 
 # %% auto #0
-__all__ = ['unwrap_model', 'clean_key', 'save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model',
-           'load_finetuned']
+__all__ = ['save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned']
 
 # %% ../nbs/53_vision_checkpoints.ipynb #b8d2f1e3
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+# defined in the core library notebook (00_core), which every saver of a model uses: the LoRA adapters
+# of unit 4 and 7 too
+from .core import clean_key, unwrap_model
 
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain model inside `torch.compile` (`._orig_mod`) and `DataParallel` /
-    `DistributedDataParallel` (`.module`) wrappers, nested in any order."""
-    while True:
-        if isinstance(getattr(model, "_orig_mod", None), nn.Module): model = model._orig_mod
-        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            model = model.module
-        else: return model
-
-def clean_key(name: str) -> str:
-    """A state-dict key without the wrappers' leading `_orig_mod.` / `module.` prefixes (timm's
-    `clean_state_dict`)."""
-    while name.startswith(_WRAPPER_PREFIXES): name = name.split(".", 1)[1]
-    return name
 
 # %% ../nbs/53_vision_checkpoints.ipynb #d7aa459d
 def save_model(model: nn.Module, path: str | os.PathLike, **metadata) -> Path:

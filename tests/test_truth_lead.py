@@ -115,3 +115,47 @@ def test_lora_adapter_cache_is_read_from_a_read_only_cache(cache, read_only_lock
     monkeypatch.setattr(lora_io, "train_adapter", no_training)
     read_only_locks["on"] = True
     assert lora_io.load_or_train_adapter("bold", base, cfg, n_images=8) == path
+
+
+# --- state dicts of wrapped models (torch.compile, DataParallel / DDP) save and load as the plain model's ----------
+@pytest.mark.parametrize("wrap", ["compile", "dataparallel"])
+def test_lora_adapter_of_a_wrapped_unet_saves_and_loads_as_the_plain_models(tmp_path, wrap):
+    import copy
+    import torch
+    from safetensors import safe_open
+    from course_lib.lora import set_adapters
+    from course_lib.lora_io import base_fingerprint, load_adapter, save_adapter
+    from course_lib.lora_train import add_lora, base_config, load_base
+    base = load_base(base_config(100), progress=False)
+    unet = copy.deepcopy(base)
+    add_lora(unet, 2, 2.0, ["to_q", "to_v"], adapter_name="concept")
+    with torch.no_grad():
+        for n, p in unet.named_parameters():
+            if "lora_B" in n: p.normal_()
+    wrapped = torch.compile(unet) if wrap == "compile" else torch.nn.DataParallel(unet)
+    assert base_fingerprint(wrapped) == base_fingerprint(base)          # the same base, wrapped or not
+    path = save_adapter(wrapped, tmp_path / "a.safetensors", "concept")
+    with safe_open(str(path), "pt") as f:
+        keys = list(f.keys())
+    assert keys and not any(k.startswith(("_orig_mod.", "module.")) for k in keys), keys[:3]
+    plain = copy.deepcopy(base)
+    other = torch.compile(plain) if wrap == "compile" else torch.nn.DataParallel(plain)
+    load_adapter(other, path, adapter_name="concept")                   # into a wrapped model too
+    set_adapters(plain, "concept")
+    sd = {k: v for k, v in plain.state_dict().items() if "lora_" in k}
+    want = {k: v for k, v in unet.state_dict().items() if "lora_" in k}
+    assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in sd)
+
+
+def test_flux_lora_state_of_a_wrapped_transformer_has_the_plain_names():
+    from types import SimpleNamespace
+    import torch
+    from course_lib.flux import FluxMiniConfig, make_flux_pipeline
+    from course_lib.flux_lora import FluxLoRAConfig, add_flux_lora
+    from course_lib.flux_lora_export import lora_state
+    pipe = make_flux_pipeline(FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1))
+    add_flux_lora(pipe, FluxLoRAConfig(rank=2, alpha=2.0))
+    want = lora_state(pipe)["transformer"]
+    got = lora_state(SimpleNamespace(transformer=torch.nn.DataParallel(pipe.transformer),
+                                     text_encoder=pipe.text_encoder))["transformer"]
+    assert got.keys() == want.keys()
