@@ -19,8 +19,8 @@ from .vision_registry import (check_model_name, model_data_config, model_in_chan
 __all__ = ['save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned']
 
 # %% ../nbs/53_vision_checkpoints.ipynb #b8d2f1e3
-# defined in the core library notebook (00_core), which every saver of a model uses: the LoRA adapters
-# of unit 4 and 7 too
+# defined in the core library notebook (00_core), which every saver of a model uses
+# (the LoRA adapters of units 4 and 7 too)
 from .core import clean_key, unwrap_model
 
 
