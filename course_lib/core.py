@@ -315,7 +315,9 @@ def load_checkpoint(path: str | os.PathLike,
         tensors = load_file(str(path), device=str(device))
     except Exception as e:
         raise ValueError(f"{path} is not a readable safetensors file "
-                         f"({type(e).__name__}: {e})") from e
+                         f"({type(e).__name__}: {e}): it is damaged or was cut short. In the "
+                         "course cache, delete it and load again (a copy shipped with the "
+                         "package is restored, or the model is trained anew)") from e
     skeleton = meta.pop("course_lib.structure", None)
     state = _unflatten(json.loads(skeleton), tensors) if skeleton else tensors
     return state, meta

@@ -368,7 +368,7 @@ def load_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True,
             save_flux_mini(train_flux_mini(cfg, progress), path)
     try:
         return open_flux_mini(path, device)
-    except (OSError, ValueError) as e:               # a damaged cache entry: name it, say what to do
+    except Exception as e:     # a damaged cache entry (diffusers, transformers, safetensors): named
         raise ValueError(f"the cached FLUX-mini pipeline {path} cannot be read "
                          f"({type(e).__name__}: {str(e)[:200]}): delete that folder, or call "
                          "load_flux_mini(config, retrain=True), to train it again") from None

@@ -152,6 +152,10 @@ def parse_adapter_metadata(path: str | os.PathLike, meta: Mapping[str, str]) -> 
                              "the header is damaged or was edited; re-export it with "
                              "save_adapter") from None
     out["rank"] = parsed("rank", int, "an integer")
+    if out["rank"] < 1:
+        raise ValueError(f"{Path(path).name}: adapter metadata 'rank' is {out['rank']}, not an "
+                         "integer >= 1: the header is damaged or was edited; re-export it with "
+                         "save_adapter")
     out["alpha"] = parsed("alpha", float, "a number")
     for k in ("target_modules", "training_config", "dataset", "rank_pattern", "alpha_pattern"):
         out[k] = parsed(k, json.loads, "JSON", "{}")
@@ -187,7 +191,8 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     missing = [k for k in REQUIRED_METADATA if not meta.get(k)]
     if missing:
         extra = (" Without alpha the scale alpha/rank is unknown and the adapter would load at the "
-                 "wrong strength; re-export it with save_adapter." if "alpha" in missing else "")
+                 "wrong strength." if "alpha" in missing else "")
+        extra += " Re-export it with save_adapter."
         raise ValueError(f"{path.name}: adapter metadata is missing {missing}.{extra}")
     if meta["format"] != ADAPTER_FORMAT:
         raise ValueError(f"{path.name}: unknown adapter format {meta['format']!r}; this version "
@@ -379,7 +384,9 @@ def _lora_train(a, err) -> int:
     if a.out.suffix != ".safetensors":
         return err(f"OUT must end in .safetensors, got {a.out.name!r}")
     if not a.folder.is_dir():                                       # before loading the base
-        return err(f"image folder {a.folder} does not exist")
+        return err(f"image folder {a.folder} does not exist" if not a.folder.exists() else
+                   f"{a.folder} is a file, not a folder: pass the folder that holds the images "
+                   "and their caption .txt files")
     cfg = LoRATrainConfig(rank=a.rank, alpha=a.alpha or float(a.rank), lr=a.lr, steps=a.steps,
                           batch_size=a.batch_size, prior_images=a.prior_images, trigger=a.trigger,
                           preview_every=0)                          # settings: checked here

@@ -46,21 +46,32 @@ def count_params(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 @torch.no_grad()
-def count_flops(model: nn.Module, input_size: Sequence[int]) -> int:
+def count_flops(model: nn.Module, input_size: Sequence[int] | None = None) -> int:
     """FLOPs of one forward pass of `model` on a batch of one `(1, *input_size)` image, counted by
     `torch.utils.flop_counter.FlopCounterMode`: 2 FLOPs per multiply-accumulate (MAC) in matmuls
     and convolutions, while elementwise ops (softmax, norms, activations) are not counted. Attention
     counts too: `F.scaled_dot_product_attention` runs on its math backend here, so `q @ k^T` and
     `attn @ v` are two matmuls of `2 B heads N^2 head_dim` FLOPs each (the fused CPU kernel is
-    invisible to the counter). `input_size` is `(C, H, W)`."""
+    invisible to the counter). `input_size` is `(C, H, W)`, default the timm model's own
+    (`pretrained_cfg['input_size']`). Raises `ValueError` naming both sizes when the model refuses
+    the input (a ViT's fixed patch grid)."""
     from torch.utils.flop_counter import FlopCounterMode
     from torch.nn.attention import sdpa_kernel, SDPBackend
+    own = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
+    input_size = tuple(input_size or own or ())
+    if len(input_size) != 3:
+        raise ValueError(f"input_size must be (C, H, W), got {input_size!r} (the model names none)")
     was_training = model.training
     model.eval()
     p = next(model.parameters())
     x = torch.zeros(1, *input_size, device=p.device, dtype=p.dtype)
-    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc: model(x)
-    model.train(was_training)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc: model(x)
+    except (AssertionError, RuntimeError, ValueError) as e:
+        raise ValueError(f"the model does not take input_size={input_size} ({type(e).__name__}: "
+                         f"{e}); its own input size is {own}") from None
+    finally:
+        model.train(was_training)
     return int(fc.get_total_flops())
 
 # %% ../nbs/50_timm_registry.ipynb #1586b0e8

@@ -34,7 +34,9 @@ def test_damaged_cached_flow_model_is_named_with_what_to_do(cache):
     assert str(path) in msg and "damaged" in msg and "retrain=True" in msg, msg
 
 
-def test_damaged_cached_flux_pipeline_is_named_with_what_to_do(cache):
+@pytest.mark.parametrize("part", ["transformer", "text_encoder_2", "vae"])
+def test_damaged_cached_flux_pipeline_is_named_with_what_to_do(cache, part):
+    "Each part fails its own way (diffusers' OSError, transformers' SafetensorError): each is named."
     from course_lib.core import cache_dir
     from course_lib.flux import FluxMiniConfig, load_flux_mini
     cfg = FluxMiniConfig.quick()
@@ -42,11 +44,22 @@ def test_damaged_cached_flux_pipeline_is_named_with_what_to_do(cache):
         warnings.simplefilter("ignore")
         load_flux_mini(cfg, progress=False)
     folder = cache_dir("models", "flux", cfg.key()) / "pipeline"
-    truncate(next((folder / "transformer").glob("*.safetensors")))
+    truncate(next((folder / part).glob("*.safetensors")))
     with pytest.raises(ValueError) as e:
         load_flux_mini(cfg, progress=False)
     msg = str(e.value)
     assert str(folder) in msg and "retrain=True" in msg and "delete" in msg, msg
+
+
+def test_a_damaged_checkpoint_says_what_to_do(tmp_path):
+    import torch
+    from course_lib.core import load_checkpoint, save_checkpoint
+    path = save_checkpoint(tmp_path / "m.safetensors", {"w": torch.ones(64, 64)}) or tmp_path / "m.safetensors"
+    truncate(path)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(path)
+    msg = str(e.value)
+    assert str(path) in msg and "delete it and load again" in msg, msg
 
 
 # --- a read-only course cache: every loader that keeps an artefact there (siblings of the classifier's fix) -------
@@ -159,3 +172,30 @@ def test_flux_lora_state_of_a_wrapped_transformer_has_the_plain_names():
     got = lora_state(SimpleNamespace(transformer=torch.nn.DataParallel(pipe.transformer),
                                      text_encoder=pipe.text_encoder))["transformer"]
     assert got.keys() == want.keys()
+
+
+def test_count_flops_names_a_size_the_model_refuses_and_defaults_to_its_own():
+    import timm
+    import course_lib.vision_registry  # noqa: F401  (registers the course's models)
+    from course_lib.vision_registry import count_flops
+    vit = timm.create_model("course_vit_32", num_classes=5)
+    assert count_flops(vit) == count_flops(vit, (1, 32, 32)) > 0      # the model's own (1, 32, 32)
+    with pytest.raises(ValueError, match=r"input_size=\(3, 64, 64\).*own input size is \(1, 32, 32\)"):
+        count_flops(vit, (3, 64, 64))                                   # before: timm's bare AssertionError
+    assert vit.training                                                 # the mode is given back after a failure
+
+
+@pytest.mark.parametrize("rank", ["0", "-3"])
+def test_adapter_metadata_with_a_rank_below_one_is_named(rank):
+    from course_lib.lora_io import parse_adapter_metadata
+    meta = {"rank": rank, "alpha": "4.0", "target_modules": '["to_q"]'}
+    with pytest.raises(ValueError, match=rf"a.safetensors: adapter metadata 'rank' is {rank}, not an integer >= 1"):
+        parse_adapter_metadata("a.safetensors", meta)       # before: `course lora info` printed it, exit 0
+
+
+def test_lora_train_names_a_file_given_as_the_image_folder(tmp_path, capsys):
+    from course_lib.lora_io import lora_main
+    (tmp_path / "a.safetensors").write_bytes(b"x")
+    assert lora_main(["train", str(tmp_path / "a.safetensors"), str(tmp_path / "o.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a folder" in err and "does not exist" not in err, err
