@@ -52,15 +52,16 @@ def count_flops(model: nn.Module, input_size: Sequence[int] | None = None) -> in
     and convolutions, while elementwise ops (softmax, norms, activations) are not counted. Attention
     counts too: `F.scaled_dot_product_attention` runs on its math backend here, so `q @ k^T` and
     `attn @ v` are two matmuls of `2 B heads N^2 head_dim` FLOPs each (the fused CPU kernel is
-    invisible to the counter). `input_size` is `(C, H, W)`, default the timm model's own
+    invisible to the counter). `input_size`: one input's shape, `(C, H, W)` for an image (the
+    batch of one is added), default the timm model's own
     (`pretrained_cfg['input_size']`). Raises `ValueError` naming both sizes when the model refuses
     the input (a ViT's fixed patch grid)."""
     from torch.utils.flop_counter import FlopCounterMode
     from torch.nn.attention import sdpa_kernel, SDPBackend
     own = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
     input_size = tuple(input_size or own or ())
-    if len(input_size) != 3:
-        raise ValueError(f"input_size must be (C, H, W), got {input_size!r} (the model names none)")
+    if not input_size:
+        raise ValueError("pass input_size, e.g. (C, H, W): the model names no input size of its own")
     was_training = model.training
     model.eval()
     p = next(model.parameters())
