@@ -61,7 +61,8 @@ def count_flops(model: nn.Module, input_size: Sequence[int] | None = None) -> in
     own = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
     input_size = tuple(input_size or own or ())
     if not input_size:
-        raise ValueError("pass input_size, e.g. (C, H, W): the model names no input size of its own")
+        raise ValueError("pass input_size, e.g. (C, H, W): the model names no input size of "
+                         "its own")
     was_training = model.training
     model.eval()
     p = next(model.parameters())
