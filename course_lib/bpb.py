@@ -4,20 +4,18 @@
 
 # %% ../nbs/61_bits_per_byte.ipynb #d390cfd8
 from __future__ import annotations
-import argparse, bz2, gzip, itertools, json, lzma, math, os, sys, warnings, zlib
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-import zstandard
 
-from .pile import load_corpus, pile_set_name, format_table, PileFormatError, ReadStats
+from .pile import pile_set_name
 
 # %% auto #0
-__all__ = ['LN2', 'COMPRESSORS', 'CODE_BYTES', 'n_bytes', 'BPBResult', 'zstd_code_bytes', 'code_bytes', 'compressor_bpb',
-           'zstd_dict_bpb', 'by_subset', 'compressor_table', 'rolling_windows', 'BPBReport', 'prefix_token_id',
-           'model_window', 'score_windows', 'bpb', 'read_hf_lm', 'load_local_lm', 'bpb_main']
+__all__ = ['LN2', 'n_bytes', 'BPBResult', 'rolling_windows', 'BPBReport', 'prefix_token_id', 'model_window', 'score_windows',
+           'bpb']
 
 # %% ../nbs/61_bits_per_byte.ipynb #5ea05466
 LN2 = math.log(2)
@@ -61,121 +59,6 @@ class BPBResult:
                 "bytes_per_token": self.bytes / max(self.tokens, 1), "loss_nats": self.loss,
                 "ppl": self.perplexity, "bits_per_token": self.bits_per_token, "bpb": self.bpb}
 
-# %% ../nbs/61_bits_per_byte.ipynb #d1ff22e7
-def _zstd(level: int):
-    return lambda b: zstandard.ZstdCompressor(level=level).compress(b)
-
-COMPRESSORS = {
-    "gzip-1": lambda b: gzip.compress(b, 1, mtime=0),
-    "gzip-6": lambda b: gzip.compress(b, 6, mtime=0),
-    "gzip-9": lambda b: gzip.compress(b, 9, mtime=0),
-    "bz2-9": lambda b: bz2.compress(b, 9),
-    "lzma-6": lambda b: lzma.compress(b, preset=6),
-    "lzma-9e": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME),
-    "zstd-1": _zstd(1), "zstd-3": _zstd(3), "zstd-9": _zstd(9), "zstd-19": _zstd(19),
-}
-
-# %% ../nbs/61_bits_per_byte.ipynb #c2e4a6b8
-def zstd_code_bytes(frames: bytes) -> int:
-    """The bytes of zstd `frames` that code the content: their size less each frame's magic number
-    and frame header, its 3-byte block headers and its 4-byte content checksum (RFC 8878, sec. 3.1;
-    about 9 bytes a frame). Raises `ValueError` for data that is not zstd frames."""
-    pos, code = 0, 0
-    while pos < len(frames):
-        if frames[pos:pos + 4] != b"\x28\xb5\x2f\xfd":
-            raise ValueError(f"not a zstd frame at byte {pos}: {frames[pos:pos + 4]!r}")
-        head = zstandard.frame_header_size(frames[pos:pos + 18])
-        checksum, pos, last = frames[pos + 4] >> 2 & 1, pos + head, 0
-        while not last:
-            h = int.from_bytes(frames[pos:pos + 3], "little")
-            last, kind, size = h & 1, h >> 1 & 3, h >> 3
-            if kind == 3 or pos + 3 > len(frames):
-                raise ValueError(f"not a zstd block at byte {pos}")
-            n = 1 if kind == 1 else size   # an RLE block stores its byte once
-            code, pos = code + n, pos + 3 + n
-        pos += 4 * checksum
-    return code
-
-def _raw_deflate(level: int):   # gzip's deflate stream without its 18-byte header and trailer
-    def size(b: bytes) -> int:
-        c = zlib.compressobj(level, zlib.DEFLATED, -15)
-        return len(c.compress(b) + c.flush())
-    return size
-
-def _raw_lzma2(preset: int):    # lzma's LZMA2 stream without the .xz container (~60 bytes)
-    filters = [{"id": lzma.FILTER_LZMA2, "preset": preset}]
-    return lambda b: len(lzma.compress(b, format=lzma.FORMAT_RAW, filters=filters))
-
-# %% ../nbs/61_bits_per_byte.ipynb #d3f5b7c9
-CODE_BYTES = {   # method -> the compressed size of bytes without the container's framing
-    **{f"gzip-{k}": _raw_deflate(k) for k in (1, 6, 9)},
-    # bz2 has no raw mode: less the 4-byte stream header, the first block's 10-byte header and the
-    # 10-byte end-of-stream marker (an empty input: header and end marker only, 14 bytes)
-    "bz2-9": lambda b: len(COMPRESSORS["bz2-9"](b)) - (24 if b else 14),
-    "lzma-6": _raw_lzma2(6), "lzma-9e": _raw_lzma2(9 | lzma.PRESET_EXTREME),
-    **{f"zstd-{k}": (lambda f: lambda b: zstd_code_bytes(f(b)))(_zstd(k)) for k in (1, 3, 9, 19)},
-}
-
-def code_bytes(data: bytes, method: str = "zstd-19") -> int:
-    """The size in bytes of `data` compressed by `method` (a key of `COMPRESSORS`), without the
-    container's framing, which codes no text: gzip's header and trailer (18 bytes), the .xz
-    container of lzma, bz2's stream and block headers, zstd's frame and block headers. Raises
-    `KeyError` naming the valid methods."""
-    if method not in CODE_BYTES:
-        raise KeyError(f"unknown compressor {method!r}: choose one of {sorted(CODE_BYTES)}")
-    return CODE_BYTES[method](data)
-
-def compressor_bpb(texts: Iterable[str], method: str = "zstd-19") -> BPBResult:
-    """BPB of a compressor on `texts`, compressed as one stream (texts joined with '\\n', so that
-    the compressor codes where a document ends, as a language model codes its end-of-text token):
-    8 C / L_B with C the compressed size without framing (`code_bytes`) and L_B the texts' UTF-8
-    bytes, separators not counted, the denominator of the model's BPB. `nll` is the code length in
-    nats (8 C ln 2), `tokens` C, `bytes` L_B. `method`: a key of `COMPRESSORS` (raises `KeyError`
-    naming the valid ones)."""
-    if method not in COMPRESSORS:
-        raise KeyError(f"unknown compressor {method!r}: choose one of {sorted(COMPRESSORS)}")
-    texts = list(texts)
-    c = code_bytes("\n".join(texts).encode("utf-8"), method)
-    return BPBResult(nll=8 * c * LN2, tokens=c, bytes=sum(map(n_bytes, texts)), docs=len(texts))
-
-# %% ../nbs/61_bits_per_byte.ipynb #ce7af4d7
-def zstd_dict_bpb(texts: Iterable[str], train_texts: Iterable[str], dict_size: int = 112_640,
-                  level: int = 19) -> BPBResult:
-    """BPB of zstd with a dictionary trained (`zstandard.train_dictionary`) on `train_texts`, each
-    text compressed separately: C is the sum over the texts of their frames without framing
-    (`zstd_code_bytes`: no magic number, frame or block header, about 9 bytes a text), L_B the sum
-    of their UTF-8 bytes. The dictionary's own size is not counted (it is what was learnt)."""
-    samples = [t.encode("utf-8") for t in train_texts if t]
-    d = zstandard.train_dictionary(dict_size, samples)
-    cctx = zstandard.ZstdCompressor(level=level, dict_data=d, write_content_size=False,
-                                    write_checksum=False, write_dict_id=False)
-    res = BPBResult()
-    for t in texts:
-        b = t.encode("utf-8")
-        c = zstd_code_bytes(cctx.compress(b))
-        res.add(8 * c * LN2, c, len(b))
-    return res
-
-# %% ../nbs/61_bits_per_byte.ipynb #41a256fa
-def by_subset(records: Iterable[dict]) -> dict[str, list[str]]:
-    "`{pile_set_name: [text, ...]}`, in the records' order."
-    out: dict[str, list[str]] = {}
-    for r in records: out.setdefault(pile_set_name(r), []).append(r["text"])
-    return out
-
-def compressor_table(records: Iterable[dict],
-                     methods: Sequence[str] = tuple(COMPRESSORS)) -> dict[str, dict[str, float]]:
-    """`{method: {subset: bpb, ..., 'all': bpb}}`, where 'all' compresses each subset separately
-    and sums the sizes."""
-    subs = by_subset(records)
-    out = {}
-    for m in methods:
-        res = {k: compressor_bpb(v, m) for k, v in subs.items()}
-        tot = BPBResult()
-        for x in res.values(): tot.add(x.nll, x.tokens, x.bytes, x.docs)
-        out[m] = {**{k: x.bpb for k, x in sorted(res.items())}, "all": tot.bpb}
-    return out
-
 # %% ../nbs/61_bits_per_byte.ipynb #6aad42ea
 def rolling_windows(n: int, window: int, stride: int | None = None) -> list[tuple[int, int, int]]:
     """The windows that score `n` tokens with a causal LM of context `window`, as
@@ -215,6 +98,17 @@ class BPBReport:
         rows = [{"pile_set_name": k, **v.row()} for k, v in sorted(self.subsets.items())]
         return rows + [{"pile_set_name": "all", **self.overall.row()}]
 
+    @classmethod
+    def from_rows(cls, rows: list, meta: list, window: int, stride: int) -> "BPBReport":
+        "The report of `rows` `(doc index, (nll, tokens))`, with `meta[i] = (subset, bytes)`."
+        overall, subsets, per_doc = BPBResult(), {}, []
+        for i, (nll, ntok) in rows:
+            subset, nb = meta[i]
+            overall.add(nll, ntok, nb)
+            subsets.setdefault(subset, BPBResult()).add(nll, ntok, nb)
+            per_doc.append((subset, nll, ntok, nb))
+        return cls(overall, subsets, window, stride, per_doc)
+
 # %% ../nbs/61_bits_per_byte.ipynb #d0d8e979
 def prefix_token_id(tokenizer) -> int:
     """The token that conditions the first prediction: BOS, else EOS (as lm-evaluation-harness).
@@ -225,12 +119,20 @@ def prefix_token_id(tokenizer) -> int:
                          "set tokenizer.bos_token")
     return t
 
-def model_window(model) -> int:
-    "The model's context length (`n_positions` / `max_position_embeddings`)."
-    for k in ("n_positions", "max_position_embeddings", "n_ctx"):
-        v = getattr(model.config, k, None)
-        if isinstance(v, int) and v > 0: return v
-    raise ValueError("cannot tell the model's context length: pass window=")
+def model_window(model, window: int | None = None) -> int:
+    """The window to score with, in tokens: `window` if given, else the model's context length
+    (`n_positions` / `max_position_embeddings` / `n_ctx` of its config). Raises `ValueError` for a
+    `window` longer than that context, or when neither is known."""
+    cfg = getattr(model, "config", None)
+    ctx = next((v for k in ("n_positions", "max_position_embeddings", "n_ctx")
+                if isinstance(v := getattr(cfg, k, None), int) and v > 0), None)
+    if window is None:
+        if ctx is None: raise ValueError("cannot tell the model's context length: pass window=")
+        return ctx
+    if ctx is not None and window > ctx:
+        raise ValueError(f"window {window} is longer than the model's context ({ctx} positions): "
+                         f"pass window <= {ctx}")
+    return window
 
 # %% ../nbs/61_bits_per_byte.ipynb #6f3d89ad
 def _window_batch(seqs: list[list[int]], windows: list[tuple], idx: list[int]) -> tuple:
@@ -268,18 +170,6 @@ def score_windows(model, seqs: list[list[int]], windows: list[tuple[int, int, in
     return out
 
 # %% ../nbs/61_bits_per_byte.ipynb #9bd95a88
-def _check_window(model, window: int | None) -> int:
-    "The window to use: `window`, else the model's context. Raises `ValueError` if it is too long."
-    window = window or model_window(model)
-    try:
-        ctx = model_window(model)
-    except (ValueError, AttributeError):   # a model that does not say: trust `window`
-        ctx = None
-    if ctx is not None and window > ctx:
-        raise ValueError(f"window {window} is longer than the model's context ({ctx} positions): "
-                         f"pass window <= {ctx}")
-    return window
-
 def _windows_of(tokenizer, documents, window: int, stride: int, rank: int, world: int) -> tuple:
     "`(meta, seqs, wins, mine)`: every document's `(subset, bytes)`, and this process's windows."
     prefix = prefix_token_id(tokenizer)
@@ -294,17 +184,6 @@ def _windows_of(tokenizer, documents, window: int, stride: int, rank: int, world
         for a, e, k in rolling_windows(len(ids), window, stride): wins.append((len(seqs), a, e, k))
         seqs.append([prefix] + list(ids))
     return meta, seqs, wins, mine
-
-# %% ../nbs/61_bits_per_byte.ipynb #dce59cfe
-def _report(rows: list, meta: list, window: int, stride: int) -> BPBReport:
-    "The `BPBReport` of `rows` `(doc index, (nll, tokens))`, with `meta[i] = (subset, bytes)`."
-    overall, subsets, per_doc = BPBResult(), {}, []
-    for i, (nll, ntok) in rows:
-        subset, nb = meta[i]
-        overall.add(nll, ntok, nb)
-        subsets.setdefault(subset, BPBResult()).add(nll, ntok, nb)
-        per_doc.append((subset, nll, ntok, nb))
-    return BPBReport(overall, subsets, window, stride, per_doc)
 
 # %% ../nbs/61_bits_per_byte.ipynb #9f6ecb94
 def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = None,
@@ -323,7 +202,7 @@ def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = 
     `num_processes`-th document and the totals are gathered (same totals as one process).
     Raises `ValueError` for a bad window/stride, a window longer than the model's context, or a
     document without text."""
-    window = _check_window(model, window)
+    window = model_window(model, window)
     stride = stride or window
     rolling_windows(1, window, stride)   # validates
     if accelerator is None: rank, world = 0, 1
@@ -338,138 +217,4 @@ def bpb(model, tokenizer, documents: Iterable[dict | str], window: int | None = 
     if world > 1:
         from accelerate.utils import gather_object
         rows = sorted(gather_object(rows))
-    return _report(rows, meta, window, stride)
-
-# %% ../nbs/61_bits_per_byte.ipynb #3cc80c8d
-def read_hf_lm(path, fix: str):
-    """`(model, tokenizer)` of the Hugging Face directory `path` (float32, offline). A damaged or
-    missing file raises `ValueError` naming the directory, the parser's first line and `fix` (what
-    to do), not a parser's traceback from inside transformers or safetensors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
-                                                     dtype=torch.float32)
-    except (ImportError, MemoryError): raise
-    except Exception as e:     # SafetensorError, JSONDecodeError, OSError: the files, not the code
-        why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"{path}: the model directory is damaged or incomplete "
-                         f"({type(e).__name__}: {why}): {fix}") from None
-    return model, tok
-
-def load_local_lm(path: str | os.PathLike, device=None):
-    """`(model, tokenizer)` from a local Hugging Face directory (`AutoModelForCausalLM`,
-    `AutoTokenizer`), offline. Raises `FileNotFoundError` when `path` is not a directory with a
-    `config.json`, `ValueError` naming the directory when a file in it is damaged."""
-    from pathlib import Path
-    p = Path(path)
-    if not (p/"config.json").is_file():
-        raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json): "
-                                "save one with model.save_pretrained(dir) and "
-                                "tokenizer.save_pretrained(dir), or train the course's model with "
-                                "course_lib.lm.tiny_gpt2()")
-    model, tok = read_hf_lm(p, "save the model again (model.save_pretrained(dir) and "
-                               "tokenizer.save_pretrained(dir)) or copy it again")
-    if device is not None: model.to(device)
-    return model.eval(), tok
-
-def _finite_or_null(x):
-    "`x` with every NaN or infinity (an undefined figure) replaced by None, for JSON."
-    if isinstance(x, float): return x if math.isfinite(x) else None
-    if isinstance(x, dict): return {k: _finite_or_null(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [_finite_or_null(v) for v in x]
-    return x
-
-# %% ../nbs/61_bits_per_byte.ipynb #60ed4ae1
-def _bpb_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="course bpb", description="bits per byte of a local causal LM "
-                                "on Pile-format files, per subset")
-    p.add_argument("--model", required=True,
-                   help="a local Hugging Face model directory (with its tokenizer)")
-    p.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
-    p.add_argument("--window", type=int, default=None,
-                   help="context window in tokens (default: the model's)")
-    p.add_argument("--stride", type=int, default=None,
-                   help="sliding-window stride (default: disjoint rolling windows)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-docs", type=int, default=None,
-                   help="only the first N documents (read no further)")
-    p.add_argument("--errors", choices=("strict", "skip"), default="strict",
-                   help="skip: skip (and count) bad lines instead of stopping at the first")
-    p.add_argument("--compressors", action="store_true",
-                   help="also report gzip/bz2/lzma/zstd BPB per subset")
-    p.add_argument("--json", action="store_true")
-    return p
-
-def _bad_argument(a) -> str | None:
-    "What is wrong with the arguments `a` (a missing file, a number < 1), or None."
-    from pathlib import Path
-    missing = [f for f in a.files if not Path(f).exists()]
-    if missing: return f"no such file or folder: {', '.join(missing)}"
-    for k in ("window", "stride", "batch_size", "max_docs"):
-        v = getattr(a, k)
-        if v is not None and v < 1: return f"--{k.replace('_', '-')} must be >= 1, got {v}"
-    return None
-
-# %% ../nbs/61_bits_per_byte.ipynb #b86cb11f
-def _score_files(a, model, tok) -> tuple:
-    """`(report, docs, stats)` of the files of `a` (`stats`: the `ReadStats` of the read). With
-    `--errors skip`, says on stderr how many bad lines it skipped. Raises `ValueError`
-    (`PileFormatError` too), `OSError`."""
-    window = a.window or model_window(model)
-    try: ctx = model_window(model)
-    except ValueError: ctx = window                     # a model that does not say: trust --window
-    if window > ctx:
-        raise ValueError(f"--window {window} is longer than the model's context ({ctx} tokens)")
-    if a.stride is not None and a.stride > window:
-        raise ValueError(f"--stride {a.stride} > window {window}")
-    with warnings.catch_warnings(record=True) as caught:   # a folder's skipped files, said once
-        warnings.simplefilter("always", UserWarning)
-        stats = ReadStats()
-        records = (r for f in a.files for r in load_corpus(f, a.errors, stats))
-        docs = list(itertools.islice(records, a.max_docs))   # streamed: reads no further
-    for w in caught: print(f"course bpb: {w.message}", file=sys.stderr)
-    if a.errors == "skip":
-        e = stats.errors[:1]
-        first = f" (the first: line {e[0][0]}, {e[0][1]})" if e else ""
-        print(f"course bpb: --errors skip skipped {stats.skipped} bad line(s){first}",
-              file=sys.stderr)
-    rep = bpb(model, tok, docs, window=a.window, stride=a.stride, batch_size=a.batch_size)
-    return rep, docs, stats
-
-# %% ../nbs/61_bits_per_byte.ipynb #10f98644
-def bpb_main(argv: list[str]) -> int:
-    """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
-    [--errors {strict,skip}] [--compressors] [--json]`. Exit 2 for a bad argument, a window longer
-    than the model's context, or no text to score, 1 for a damaged data file. With `--json`, a
-    figure that is undefined (the BPB of a subset whose documents are all empty) is null. With
-    `--errors skip`, the number of bad lines skipped is printed (`skipped_lines` in the JSON)."""
-    def fail(msg, code):
-        print(f"course bpb: {msg}", file=sys.stderr)
-        return code
-    try: a = _bpb_parser().parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    if (bad := _bad_argument(a)) is not None: return fail(bad, 2)
-    try: model, tok = load_local_lm(a.model)
-    except (FileNotFoundError, OSError, ValueError) as e: return fail(e, 2)
-    try: rep, docs, stats = _score_files(a, model, tok)
-    except PileFormatError as e: return fail(e, 1)   # a corrupt data file
-    except (ValueError, FileNotFoundError) as e: return fail(e, 2)
-    if not rep.overall.bytes:
-        return fail(f"no text to score: {len(docs)} document(s) with 0 bytes of text in "
-                    f"{', '.join(a.files)}", 2)
-    out = {"model": str(a.model), "window": rep.window, "stride": rep.stride,
-           "subsets": rep.table()}
-    if a.errors == "skip": out["skipped_lines"] = stats.skipped
-    if a.compressors:
-        out["compressors"] = compressor_table(docs, ("gzip-9", "bz2-9", "lzma-9e", "zstd-19"))
-    if a.json:   # a subset whose documents are all empty has no BPB: null (JSON has no NaN)
-        print(json.dumps(_finite_or_null(out), indent=1, allow_nan=False))
-        return 0
-    print(f"model {a.model}, window {rep.window}, stride {rep.stride}")
-    print(format_table(rep.table(), floats=".4f"))
-    if a.compressors:
-        print()
-        rows = [{"compressor": m, **v} for m, v in out["compressors"].items()]
-        print(format_table(rows, floats=".3f"))
-    return 0
+    return BPBReport.from_rows(rows, meta, window, stride)

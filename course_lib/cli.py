@@ -14,8 +14,10 @@ from .units import (
     PROFILES, KINDS, KERNEL_NAME, SKIP_FLAGS, project_root, Unit,
     load_unit, load_units, find_unit, MissingExtra, import_extra, current_kernelspec_dir,
     notebook_parameters, cell_flags, unavailable_flags, drop_flagged_cells, NotebookFailed,
-    run_notebook, check_profiles, results_table, run_units, is_notebook_name, find_notebook)
-from .run_records import readme_regions, render_readme, write_figures, hand_typed_figures
+    run_notebook, check_profiles, results_table, is_notebook_name, find_notebook)
+from .run_records import (readme_regions, render_readme, write_figures,
+                                    hand_typed_figures, run_units)
+from .time_blocks import time_problems, write_time_blocks
 
 # %% auto #0
 __all__ = ['DOCTOR_PACKAGES', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'README_HEAD', 'USER_ERRORS',
@@ -97,9 +99,9 @@ PLUGINS = {
             "FID / IS / KID between two image folders or .npz statistics (unit 3)"),
     "finetune": ("course_lib.vision", "finetune_main",
                  "fine-tune a timm model on a folder of class sub-folders (unit 5)"),
-    "pile": ("course_lib.pile", "pile_main",
+    "pile": ("course_lib.pile_command", "pile_main",
              "Pile-format .jsonl.zst tools: stats, build-mini (unit 6)"),
-    "bpb": ("course_lib.bpb", "bpb_main",
+    "bpb": ("course_lib.bpb_command", "bpb_main",
             "bits per byte of a language model on .jsonl.zst files (unit 6)"),
     "lora": ("course_lib.lora_io", "lora_main", "train, inspect and use LoRA adapters (unit 4)"),
     "new": ("course_lib.contrib", "new_main", "scaffold a notebook from the template into a unit"),
@@ -335,7 +337,8 @@ def _freeze(a) -> int:
 
 # %% ../nbs/90_cli.ipynb #b047a544
 def _check_figures(chosen: list[Unit]) -> int:
-    "`course readme UNIT --check`: 1 (and what) when a README's figures are not its stored results."
+    """`course readme UNIT --check`: 1 (and what) when a README's figures are not its stored
+    results, or a lesson's Time block is not what its recorded runs render to (`time_problems`)."""
     bad = []
     for u in chosen:
         readme = u.path/"README.md"
@@ -344,10 +347,12 @@ def _check_figures(chosen: list[Unit]) -> int:
             bad.append(f"{readme}: its figures differ from the stored results "
                        f"(run `course readme {u.slug}`)")
         bad += [f"{readme}: a figure typed by hand: {row}" for row in hand_typed_figures(u, text)]
-    print("\n".join(bad) or "every README shows its stored results",
+        bad += time_problems(u)
+    print("\n".join(bad) or "every README and Time block shows its stored results",
           file=sys.stderr if bad else sys.stdout)
     return 1 if bad else 0
 
+# %% ../nbs/90_cli.ipynb #748af6f2
 def _readme(a, root: Path, units: list[Unit]) -> int:
     "`course readme [UNIT|all] [--results PATH] [--check]`."
     if a.unit is None:
@@ -372,6 +377,8 @@ def _readme(a, root: Path, units: list[Unit]) -> int:
             readme = write_figures(u, a.results, profile=a.profile, date=a.date,
                                    machine=a.machine)
             print(f"wrote {readme}")
+        for nb in write_time_blocks(u):
+            print(f"wrote {nb} (its Time block)")
     return 0
 
 

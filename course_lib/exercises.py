@@ -5,18 +5,19 @@
 # %% auto #0
 __all__ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exercises', 'solutions', 'register_solution',
            'check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one',
-           'check_ddpm_loss', 'check_ema_update', 'check_shift', 'check_accuracy', 'check_ancestral_step',
-           'check_ddim_step', 'check_gaussian_score', 'check_dsm_loss', 'check_langevin_step',
-           'check_annealed_step_sizes', 'check_vp_marginal', 'check_reverse_sde_step', 'check_eps_to_score',
-           'check_bits_per_dim', 'check_frechet_gaussians', 'check_feature_stats', 'check_fid_scaled',
-           'check_inception_score', 'check_mmd2_unbiased', 'check_to_uint8_rgb', 'check_knn_precision',
-           'check_fid_infinity', 'check_std_error', 'check_lora_forward', 'check_lora_merge', 'check_lora_params',
-           'check_caption_path', 'check_assign_bucket', 'check_trainable_share', 'check_freeze_except_lora',
-           'check_lora_blend', 'check_lora_unmerge', 'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups',
-           'check_ncm_predict', 'check_tta_probs', 'check_quantize_int8', 'check_split_by_subset', 'check_subset_bytes',
-           'check_bpb', 'check_zlib_bpb', 'check_bpb_per_subset', 'check_gpt2_params', 'check_cfg_combine',
-           'check_drop_labels', 'check_flow_target', 'check_flow_euler_step', 'check_flux_pack_latents',
-           'check_digit_slant', 'check_flux_lora_update', 'check_svd_rank']
+           'check_timestep_embedding', 'check_add_time', 'check_attention', 'check_ddpm_loss', 'check_ema_update',
+           'check_shift', 'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_gaussian_score',
+           'check_dsm_loss', 'check_langevin_step', 'check_annealed_step_sizes', 'check_vp_marginal',
+           'check_reverse_sde_step', 'check_eps_to_score', 'check_bits_per_dim', 'check_frechet_gaussians',
+           'check_feature_stats', 'check_fid_scaled', 'check_inception_score', 'check_mmd2_unbiased',
+           'check_to_uint8_rgb', 'check_knn_precision', 'check_fid_infinity', 'check_std_error', 'check_lora_forward',
+           'check_lora_merge', 'check_lora_params', 'check_caption_path', 'check_assign_bucket',
+           'check_trainable_share', 'check_freeze_except_lora', 'check_lora_blend', 'check_lora_unmerge',
+           'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups', 'check_ncm_predict', 'check_tta_probs',
+           'check_quantize_int8', 'check_split_by_subset', 'check_subset_bytes', 'check_bpb', 'check_zlib_bpb',
+           'check_bpb_per_subset', 'check_gpt2_params', 'check_cfg_combine', 'check_drop_labels', 'check_flow_target',
+           'check_flow_euler_step', 'check_flux_pack_latents', 'check_digit_slant', 'check_flux_lora_update',
+           'check_svd_rank']
 
 # %% ../nbs/04_exercises.ipynb #c1547151
 from .exercises_core import (
@@ -25,7 +26,8 @@ from .exercises_core import (
 # %% ../nbs/04_exercises.ipynb #5846fef7
 from .exercises_ddpm import (
     check_accuracy, check_alpha_bar, check_ancestral_step, check_ddim_step, check_ddpm_loss,
-    check_ema_update, check_noisy_image, check_q_sample, check_shift, check_snr_one, check_to_float)
+    check_ema_update, check_noisy_image, check_q_sample, check_shift, check_snr_one, check_to_float,
+    check_add_time, check_attention, check_timestep_embedding)
 from .exercises_score import (
     check_annealed_step_sizes, check_bits_per_dim, check_dsm_loss, check_eps_to_score,
     check_gaussian_score, check_langevin_step, check_reverse_sde_step, check_vp_marginal)
@@ -42,14 +44,15 @@ from .exercises_pile import (
     check_bpb, check_bpb_per_subset,
     check_gpt2_params, check_split_by_subset, check_subset_bytes, check_zlib_bpb)
 from .exercises_flow import (
-    check_cfg_combine, check_drop_labels, check_flow_euler_step, check_flow_target)
+    check_cfg_combine, check_drop_labels, check_flow_euler_step, check_flow_target,
+    check_flux_lora_update, check_svd_rank)
 from .flux_parts import check_digit_slant, check_flux_pack_latents
-from .flux_lora import check_flux_lora_update, check_svd_rank
 
 # %% ../nbs/04_exercises.ipynb #102a2a10
 _all_ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exercises', 'solutions',
          'register_solution', 'check_to_float', 'check_noisy_image', 'check_alpha_bar',
-         'check_q_sample', 'check_snr_one', 'check_ddpm_loss', 'check_ema_update', 'check_shift',
+         'check_q_sample', 'check_snr_one', 'check_timestep_embedding', 'check_add_time',
+         'check_attention', 'check_ddpm_loss', 'check_ema_update', 'check_shift',
          'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_gaussian_score',
          'check_dsm_loss', 'check_langevin_step', 'check_annealed_step_sizes', 'check_vp_marginal',
          'check_reverse_sde_step', 'check_eps_to_score', 'check_bits_per_dim',

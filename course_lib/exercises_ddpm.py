@@ -13,8 +13,9 @@ from .exercises_core import (
     CheckResult, check, check_value, register_solution, _alpha_bar, _bcast, _betas, _randn)
 
 # %% auto #0
-__all__ = ['check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one', 'check_ddpm_loss',
-           'check_ema_update', 'check_shift', 'check_accuracy', 'check_ancestral_step', 'check_ddim_step']
+__all__ = ['check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one',
+           'check_timestep_embedding', 'check_add_time', 'check_attention', 'check_ddpm_loss', 'check_ema_update',
+           'check_shift', 'check_accuracy', 'check_ancestral_step', 'check_ddim_step']
 
 # %% ../nbs/94_exercises_ddpm.ipynb #fc7b7a9f
 @register_solution
@@ -119,6 +120,96 @@ def check_snr_one(value) -> CheckResult:
     t = _ref_snr_one()
     return check_value(value, t - 1, t + 1, "SNR = 1 where alpha_bar_t = 1/2; t counted from 0 "
                        "(one step either way is accepted)", name="snr_one")
+
+# %% ../nbs/94_exercises_ddpm.ipynb #27a5f2a3
+@register_solution
+def _ref_timestep_embedding(t, dim):
+    """The sinusoidal embedding `UNet2DModel` uses (diffusers' `get_timestep_embedding` with
+    flip_sin_to_cos=True, downscale_freq_shift=0): [cos(t omega_i), sin(t omega_i)], omega_i =
+    10000^(-i / (dim/2)) for i < dim/2. `t` (B,), `dim` even -> (B, dim) float32."""
+    half = dim // 2
+    omega = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    angles = t.float()[:, None] * omega[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def _embedding(t, dim, cos_first=True, shift=0.0, sign=-1.0):
+    "The embedding with its usual slips: sines first, `shift` in the denominator, growing freqs."
+    half = dim // 2
+    i = torch.arange(half, dtype=torch.float32)
+    angles = t.float()[:, None] * torch.exp(sign * math.log(10000.0) * i / (half - shift))[None]
+    parts = [angles.cos(), angles.sin()]
+    return torch.cat(parts if cos_first else parts[::-1], dim=-1)
+
+
+def check_timestep_embedding(fn: Callable) -> CheckResult:
+    """Exercise: the sinusoidal timestep embedding of a `UNet2DModel`, `fn(t, dim)` -> `(B, dim)`,
+    cosines first."""
+    t = torch.tensor([0, 1, 7, 500, 999])
+    cases = [("five timesteps, dim = 16", (t, 16)),
+             ("t = 0 only (cos 0 = 1, sin 0 = 0)", (torch.zeros(1, dtype=torch.long), 8)),
+             ("dim = 2 (one frequency, omega_0 = 1)", (t, 2))]
+    mistakes = {"sines first (diffusers' default order; UNet2DModel sets flip_sin_to_cos=True, "
+                "cosines first)": lambda t, d: _embedding(t, d, cos_first=False),
+                "dividing by dim/2 - 1 (downscale_freq_shift=1, diffusers' default; UNet2DModel "
+                "uses 0)": lambda t, d: _embedding(t, d, shift=1.0),
+                "frequencies that grow (omega_i = 10000^(+i / (dim/2)); they must shrink from 1)":
+                    lambda t, d: _embedding(t, d, sign=1.0)}
+    return check(fn, _ref_timestep_embedding, cases,
+                 "omega = exp(-ln(10000) * arange(dim/2) / (dim/2)); angles = t[:, None] * omega; "
+                 "then cat([cos, sin], -1)", mistakes)
+
+# %% ../nbs/94_exercises_ddpm.ipynb #e6c944f0
+@register_solution
+def _ref_add_time(h, emb, weight, bias):
+    """h `(B, C, H, W)` plus the projected time Linear(SiLU(emb)) = silu(emb) @ weight.T + bias
+    `(B, C)`, one value a channel, broadcast over the pixels as `(B, C, 1, 1)` (diffusers'
+    `ResnetBlock2D`). `emb` `(B, D)`, `weight` `(C, D)`, `bias` `(C,)`."""
+    return h + (torch.nn.functional.silu(emb) @ weight.T + bias)[:, :, None, None]
+
+
+def check_add_time(fn: Callable) -> CheckResult:
+    """Exercise: add the projected time embedding to a ResBlock's feature maps, `fn(h, emb, weight,
+    bias)` -> `(B, C, H, W)`."""
+    g = torch.Generator().manual_seed(0)
+    h, emb, w, b = _randn(2, 3, 4, 4, g=g), _randn(2, 5, g=g), _randn(3, 5, g=g), _randn(3, g=g)
+    cases = [("2 images, 3 channels, 4x4", (h, emb, w, b)),
+             ("one image, 1x1 feature maps", (h[:1, :, :1, :1], emb[:1], w, b)),
+             ("2x5 feature maps (H != W)", (_randn(2, 3, 2, 5, g=g), emb, w, b))]
+    silu = torch.nn.functional.silu
+    mistakes = {"a missing SiLU (the block applies SiLU to the embedding before its Linear)":
+                    lambda h, e, w, b: h + (e @ w.T + b)[:, :, None, None],
+                "multiplying instead of adding (the time is a bias, one value per channel)":
+                    lambda h, e, w, b: h * (silu(e) @ w.T + b)[:, :, None, None]}
+    return check(fn, _ref_add_time, cases,
+                 "project silu(emb) to C values, reshape to (B, C, 1, 1), add", mistakes)
+
+# %% ../nbs/94_exercises_ddpm.ipynb #c52bddc2
+@register_solution
+def _ref_attention(q, k, v):
+    """softmax(q k^T / sqrt(d)) v (Vaswani et al. 2017, eq. 1) for q `(B, h, N, d)`, k and v
+    `(B, h, M, d)` -> `(B, h, N, d)`: each query's weights over the keys sum to 1."""
+    w = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+    return w @ v
+
+
+def check_attention(fn: Callable) -> CheckResult:
+    "Exercise: scaled dot-product attention, `fn(q, k, v)` for `(B, heads, N, d)` tensors."
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (_randn(2, 2, 5, 4, g=g) for _ in range(3))
+    cases = [("2 images, 2 heads, 5 tokens of 4 channels", (q, k, v)),
+             ("one token (its one weight is 1)", (q[..., :1, :], k[..., :1, :], v[..., :1, :])),
+             ("3 queries, 5 keys", (q[..., :3, :], k, v))]
+    scores = lambda q, k: q @ k.transpose(-1, -2)
+    mistakes = {"a missing 1 / sqrt(d) scaling of the scores":
+                    lambda q, k, v: scores(q, k).softmax(-1) @ v,
+                "the softmax over the queries (dim=-2) instead of the keys (dim=-1)":
+                    lambda q, k, v: (scores(q, k) / math.sqrt(q.shape[-1])).softmax(-2) @ v,
+                "dividing the scores by d instead of sqrt(d)":
+                    lambda q, k, v: (scores(q, k) / q.shape[-1]).softmax(-1) @ v}
+    return check(fn, _ref_attention, cases,
+                 "scores q @ k.transpose(-1, -2) / sqrt(d), softmax over the keys, then @ v",
+                 mistakes)
 
 # %% ../nbs/94_exercises_ddpm.ipynb #211590cd
 def _toy_eps_model(xt, t):

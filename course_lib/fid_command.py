@@ -11,9 +11,9 @@ from .core import OfflineError
 from .frechet import feature_statistics, frechet_distance
 from .isc_kid import inception_score, kid
 from .metrics_images import DIGITS_FEATURE_SIZE, REFERENCES
-from .metrics import EXTRACTORS, INCEPTION_WEIGHTS_ENV, extract_features
-from .metrics import load_statistics, reference_statistics, save_statistics
-
+from .metrics import extract_features, reference_statistics
+from .metrics_io import (EXTRACTORS, INCEPTION_WEIGHTS_ENV, load_statistics,
+                                   save_statistics)
 
 # %% auto #0
 __all__ = ['fid_main']

@@ -4,125 +4,24 @@
 
 # %% ../nbs/72_flux_mini.ipynb #761cc501
 from __future__ import annotations
-import contextlib, json, os, shutil, warnings
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from types import SimpleNamespace
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import cache_key, cached, code_fingerprint
-from .core import cache_dir, get_device, patch_to
-from .data import Digits
 from .ddpm import randn_on
-from .flow import FlowConfig, train_flow
+from .flux_io import (FluxMiniConfig, check_prompts, check_size, open_flux_mini,
+                                quiet_loading, save_flux_mini)
 from .flux_parts import (
     DIGIT_NAMES, PROPERTY_SIZE, SLANT_WORDS, SPECIAL_TOKENS, THICKNESS_WORDS, TRIGGER_WORDS, VOCAB,
     caption_digits, check_digit_slant, check_flux_pack_latents, ink_mass, make_tokenizer,
     property_thresholds, slant)
-from .guidance import check_guidance_scale, mean_se
-
-_all_ = ['DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SPECIAL_TOKENS',
-         'TRIGGER_WORDS', 'VOCAB', 'ink_mass', 'slant', 'property_thresholds', 'caption_digits',
-         'make_tokenizer', 'check_flux_pack_latents', 'check_digit_slant']
-
+from .guidance import check_guidance_scale
 
 # %% auto #0
-__all__ = ['FluxMiniConfig', 'make_flux_pipeline', 'pack_latents', 'unpack_latents', 'latent_ids', 'FluxVelocity', 'train_vae',
-           'encode_latents', 'flow_config', 'caption_table', 'train_flux_mini', 'save_flux_mini', 'open_flux_mini',
-           'load_flux_mini', 'check_size', 'check_prompts', 'generate', 'prompt_digit', 'judge_prompt_rate',
-           'DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SPECIAL_TOKENS', 'TRIGGER_WORDS', 'VOCAB',
-           'ink_mass', 'slant', 'property_thresholds', 'caption_digits', 'make_tokenizer', 'check_flux_pack_latents',
-           'check_digit_slant', '_ref_flux_pack_latents', '_ref_digit_slant']
-
-# %% ../nbs/72_flux_mini.ipynb #aa99cae3
-# the reference solutions, for `from course_lib.flux import _ref_digit_slant` (kept off the page)
-from .flux_parts import _ref_digit_slant, _ref_flux_pack_latents
-
-_all_ = ['_ref_flux_pack_latents', '_ref_digit_slant']
-
-# %% ../nbs/72_flux_mini.ipynb #94b32b5a
-@dataclass
-class FluxMiniConfig:
-    """FLUX in miniature on the 16x16 digits. VAE: `vae_channels` (one block each, each block after
-    the first halves the size), `latent_channels`, `vae_steps`. Text encoders: width `text_dim`,
-    `text_layers`, prompts of at most `max_length` tokens. Transformer (`FluxTransformer2DModel`):
-    `num_layers` double-stream and `num_single_layers` single-stream blocks, `num_attention_heads` x
-    `attention_head_dim`, rotary axes `axes_dims_rope` (summing to the head dim). Flow training
-    (course_lib.flow.train_flow): `steps`, `batch_size`, `lr`, `warmup_steps`, `ema_decay`,
-    `caption_dropout` (share of captions replaced by the empty prompt, for guidance), `seed`."""
-    image_size: int = 16
-    vae_channels: tuple[int, ...] = (16, 32)
-    latent_channels: int = 4
-    vae_steps: int = 600
-    vae_lr: float = 2e-3
-    text_dim: int = 32
-    text_layers: int = 2
-    max_length: int = 8
-    num_layers: int = 2
-    num_single_layers: int = 2
-    num_attention_heads: int = 4
-    attention_head_dim: int = 16
-    axes_dims_rope: tuple[int, int, int] = (4, 6, 6)
-    steps: int = 3000
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = 100
-    ema_decay: float = 0.999
-    caption_dropout: float = 0.1
-    seed: int = 0
-
-    def __post_init__(self):
-        self.vae_channels = tuple(self.vae_channels)
-        self.axes_dims_rope = tuple(self.axes_dims_rope)
-        self.validate()
-
-# %% ../nbs/72_flux_mini.ipynb #0e837ae9
-@patch_to(FluxMiniConfig)
-def validate(self) -> FluxMiniConfig:
-    "Raise `ValueError` naming the field and its value when the pieces cannot fit together."
-    mult = self.patch_multiple()
-    if self.image_size % mult:
-        raise ValueError(f"image_size={self.image_size} must be a multiple of {mult} (VAE factor "
-                         f"{mult // 2} x FLUX's 2x2 patches)")
-    rope = self.axes_dims_rope
-    if sum(rope) != self.attention_head_dim or any(a % 2 for a in rope):
-        raise ValueError(f"axes_dims_rope={self.axes_dims_rope} must be even and sum to "
-                         f"attention_head_dim={self.attention_head_dim}")
-    if self.max_length < 6:
-        raise ValueError(f"max_length={self.max_length}: the longest caption needs 6 tokens")
-    if not 0 <= self.caption_dropout < 1:
-        raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout!r}")
-    for name in ("steps", "vae_steps", "batch_size"):
-        if getattr(self, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-    return self
-
-# %% ../nbs/72_flux_mini.ipynb #4a5b5149
-@patch_to(FluxMiniConfig)
-def patch_multiple(self) -> int:
-    "Image sizes must be multiples of this: the VAE's downsampling times FLUX's 2x2 patches."
-    return 2 ** (len(self.vae_channels) - 1) * 2
-
-
-@patch_to(FluxMiniConfig, cls_method=True)
-def quick(cls, **kw) -> FluxMiniConfig:
-    "The quick (CI) profile: the same model, trained for fewer steps."
-    return cls(**{"steps": 400, "vae_steps": 200, **kw})
-
-
-@patch_to(FluxMiniConfig)
-def key(self) -> str:
-    "The course-cache key of this model: `cache_key('flux', ...)` of the config."
-    return cache_key("flux", asdict(self), None, code_version=1)
-
-
-@patch_to(FluxMiniConfig)
-def estimated_minutes(self) -> float:
-    "Training minutes on one CPU core: measured 0.09 s a flow step, 0.14 s a VAE step (batch 64)."
-    return (self.steps * 0.09 + self.vae_steps * 0.14) * self.batch_size / 64 / 60
+__all__ = ['make_flux_pipeline', 'pack_latents', 'unpack_latents', 'latent_ids', 'FluxVelocity', 'train_vae', 'encode_latents',
+           'caption_table', 'generate']
 
 # %% ../nbs/72_flux_mini.ipynb #ca60a469
 def _text_encoders(cfg: FluxMiniConfig):
@@ -261,16 +160,6 @@ def encode_latents(pipe, images: torch.Tensor, normalise: bool = True,
     return z
 
 # %% ../nbs/72_flux_mini.ipynb #f1035541
-def flow_config(config: FluxMiniConfig, n_captions: int) -> FlowConfig:
-    "The `course_lib.flow.FlowConfig` of the flow training (latent size and channels, K captions)."
-    return FlowConfig(
-        image_size=config.image_size // (config.patch_multiple() // 2),
-        channels=config.latent_channels, num_classes=n_captions,
-        label_dropout=config.caption_dropout, steps=config.steps, batch_size=config.batch_size,
-        lr=config.lr, warmup_steps=config.warmup_steps, ema_decay=config.ema_decay,
-        seed=config.seed)
-
-
 def caption_table(pipe, captions: list[str]):
     "Unique captions (sorted) + '', and their embeddings: `(table, prompt_embeds, pooled, ids)`."
     table = sorted(set(captions))
@@ -278,130 +167,6 @@ def caption_table(pipe, captions: list[str]):
     with torch.no_grad():
         pe, pooled, ids = pipe.encode_prompt(table + [""], None, max_sequence_length=L)
     return table, pe, pooled, ids
-
-# %% ../nbs/72_flux_mini.ipynb #454154a3
-def train_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True):
-    """A trained FLUX-mini `FluxPipeline`: `make_flux_pipeline`, captions of the digits' training
-    split (`caption_digits`), `train_vae`, then rectified flow with caption dropout by
-    `course_lib.flow.train_flow` on the normalised latents, all on `course_lib.core.get_device()`
-    (where the pipeline is returned). `pipe.history` holds the losses."""
-    cfg = (config or FluxMiniConfig()).validate()
-    pipe = make_flux_pipeline(cfg).to(get_device())
-    ds = Digits("train", size=cfg.image_size)
-    captions = caption_digits(ds.images, ds.labels)
-    vae_losses = train_vae(pipe, ds.images, cfg, progress)
-    z = encode_latents(pipe, ds.images)
-    table, pe, pooled, ids = caption_table(pipe, captions)
-    labels = torch.tensor([table.index(c) for c in captions])
-    model = FluxVelocity(pipe.transformer.train(), pe, pooled, ids)
-    ema = train_flow(flow_config(cfg, len(table)), model=model,
-                     dataset=SimpleNamespace(images=z, labels=labels), progress=progress)
-    pipe.register_modules(transformer=ema.transformer.eval())
-    pipe.history = {"vae_loss": vae_losses, "flow_loss": ema.history["loss"],
-                    "flow_seconds": ema.history["seconds"], "n_captions": len(table)}
-    return pipe
-
-# %% ../nbs/72_flux_mini.ipynb #6c2592e5
-@contextlib.contextmanager
-def _quiet():
-    "Silence diffusers' and transformers' loading bars and info messages."
-    from diffusers.utils import logging as dlog
-    from transformers.utils import logging as tlog
-    dlog.disable_progress_bar()
-    tlog.disable_progress_bar()
-    level = dlog.get_verbosity(), tlog.get_verbosity()
-    dlog.set_verbosity_error()
-    tlog.set_verbosity_error()
-    try:
-        yield
-    finally:
-        dlog.enable_progress_bar()
-        tlog.enable_progress_bar()
-        dlog.set_verbosity(level[0])
-        tlog.set_verbosity(level[1])
-
-
-def save_flux_mini(pipe, folder) -> Path:
-    "`pipe.save_pretrained(folder)` plus `flux_mini.json` (config, history), written atomically."
-    folder = Path(folder)
-    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with _quiet():
-        pipe.save_pretrained(tmp)
-    info = {"config": asdict(pipe.flux_config), "history": getattr(pipe, "history", {})}
-    (tmp / "flux_mini.json").write_text(json.dumps(info))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
-
-# %% ../nbs/72_flux_mini.ipynb #089de2cb
-def open_flux_mini(folder, device=None):
-    """`FluxPipeline.from_pretrained(folder)` (quietly, progress bar off) on the learner's device
-    (`course_lib.core.get_device(device)`: `$COURSE_LIB_DEVICE`, else a GPU if there is one), with
-    `flux_config` and `history` from its `flux_mini.json` when present. Raises `ValueError` for a
-    device that is not available."""
-    from diffusers import FluxPipeline
-    dev = get_device(device)
-    with _quiet():
-        pipe = FluxPipeline.from_pretrained(folder).to(dev)
-    pipe.set_progress_bar_config(disable=True)
-    info_path = Path(folder) / "flux_mini.json"
-    if info_path.is_file():
-        info = json.loads(info_path.read_text())
-        pipe.flux_config = FluxMiniConfig(**info["config"])
-        pipe.history = info["history"]
-    return pipe
-
-
-def load_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True,
-                   retrain: bool = False, device=None):
-    """The trained FLUX-mini `FluxPipeline` for `config` (default `FluxMiniConfig()`), from
-    `cache_dir('models', 'flux', config.key())/pipeline`, else trained (`train_flux_mini`, about
-    `config.estimated_minutes()` min on a CPU) and cached, file-locked, and a cache made by
-    other training code is flagged (`StaleCacheWarning`). Opened on `device` (see
-    `open_flux_mini`). Raises `ValueError` naming the folder when the cached pipeline is damaged."""
-    cfg = (config or FluxMiniConfig()).validate()
-    key, code = cfg.key(), code_fingerprint(train_flux_mini)
-    path = cache_dir("models", "flux", key) / "pipeline"
-    with cached(path, key, code, retrain, "load_flux_mini(config, retrain=True)") as hit:
-        if not hit:
-            save_flux_mini(train_flux_mini(cfg, progress), path)
-    try:
-        return open_flux_mini(path, device)
-    except Exception as e:     # a damaged cache entry (diffusers, transformers, safetensors): named
-        raise ValueError(f"the cached FLUX-mini pipeline {path} cannot be read "
-                         f"({type(e).__name__}: {str(e)[:200]}): delete that folder, or call "
-                         "load_flux_mini(config, retrain=True), to train it again") from None
-
-# %% ../nbs/72_flux_mini.ipynb #6a7e59e3
-def check_size(pipe, height: int, width: int) -> None:
-    "`ValueError` unless `height` and `width` are positive multiples of the pipeline's patch size."
-    mult = pipe.vae_scale_factor * 2
-    for name, v in (("height", height), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < mult or v % mult:
-            raise ValueError(f"{name}={v!r}: FLUX packs {pipe.vae_scale_factor}x-downsampled "
-                             f"latents into 2x2 patches, so sizes must be positive multiples "
-                             f"of {mult}")
-
-
-def check_prompts(pipe, prompts) -> list[str]:
-    """`prompts` (a str or a list of str) as a list, `ValueError` for none or a non-string, a
-    warning naming both lengths for a prompt longer than the tokenizers take (it is truncated)."""
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    if not isinstance(prompts, (list, tuple)) or not prompts or not all(
-            isinstance(p, str) for p in prompts):
-        raise ValueError(f"prompts must be a string or a non-empty list of strings, "
-                         f"got {prompts!r}")
-    prompts = list(prompts)
-    L = min(pipe.tokenizer.model_max_length, pipe.tokenizer_2.model_max_length)
-    with _quiet():
-        n_tokens = [max(len(pipe.tokenizer(p).input_ids), len(pipe.tokenizer_2(p).input_ids))
-                    for p in prompts]
-    for i, (p, n) in enumerate(zip(prompts, n_tokens)):
-        if n > L:
-            warnings.warn(f"prompt {i} ({p[:40]!r}) is {n} tokens long, the text encoders "
-                          f"take {L}: it is truncated to {L} tokens", stacklevel=3)
-    return prompts
 
 # %% ../nbs/72_flux_mini.ipynb #c42c9623
 def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: int = 20,
@@ -425,7 +190,7 @@ def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: in
     if w > 1 and negative_prompt is None:
         negative_prompt = ""
     g, out = torch.Generator().manual_seed(seed), []
-    with _quiet(), torch.no_grad():
+    with quiet_loading(), torch.no_grad():
         for i in range(0, len(prompts), batch_size):
             chunk = prompts[i:i + batch_size]
             neg = None if negative_prompt is None else [negative_prompt] * len(chunk)
@@ -434,33 +199,3 @@ def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: in
                 num_inference_steps=num_inference_steps, generator=g, output_type="pt",
                 max_sequence_length=pipe.tokenizer_2.model_max_length).images)
     return torch.cat(out).float().cpu() * 2 - 1
-
-# %% ../nbs/72_flux_mini.ipynb #b6970944
-def prompt_digit(prompt: str) -> int:
-    "The digit a prompt names ('bold seven' -> 7), `ValueError` when it names none or several."
-    words = "".join(ch if ch.isalpha() else " " for ch in prompt.lower()).split()
-    found = [d for d, name in enumerate(DIGIT_NAMES) if name in words]
-    if len(found) != 1:
-        raise ValueError(f"prompt {prompt!r} names {len(found)} digits, "
-                         "the judge needs exactly one")
-    return found[0]
-
-
-def judge_prompt_rate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: int = 20,
-                      seed: int = 0, threshold: float = 0.9, classifier=None, **kw) -> dict:
-    """Generate one image a prompt (`generate`, `kw` passed on) and judge it: `{'rate': share the
-    judge puts in the prompted digit with p >= threshold, 'se': its standard error, 'class_shares':
-    share predicted as each digit (10), 'n', 'images': uint8 (B, 1, H, W), 'labels'}`."""
-    from course_lib.classifier import load_digits_classifier
-    from course_lib.data import to_uint8
-    x = generate(pipe, prompts, guidance_scale, num_inference_steps, seed, **kw)
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    y = torch.tensor([prompt_digit(p) for p in prompts])
-    clf = classifier or load_digits_classifier("cpu")
-    with torch.no_grad():
-        p = torch.softmax(clf(x), -1)
-    hit = (p[torch.arange(len(y)), y] >= threshold).double()
-    rate, se = mean_se(hit.tolist())
-    shares = torch.bincount(p.argmax(1), minlength=10).double() / len(y)
-    return {"rate": rate, "se": se, "class_shares": shares.tolist(), "n": len(y),
-            "images": to_uint8(x), "labels": y}

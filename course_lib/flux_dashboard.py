@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from .core import atomic_write, load_checkpoint, patch_to
-from .flux_lora import (FluxLoRAConfig, FluxLoRARun, flux_generate, read_concept_folder,
-                                  train_flux_lora)
+from .flux_lora_train import (FluxLoRAConfig, FluxLoRARun, flux_generate,
+                                        read_concept_folder, train_flux_lora)
 
 
 # %% auto #0

@@ -4,153 +4,15 @@
 
 # %% ../nbs/73_flux_lora.ipynb #d8eedd60
 from __future__ import annotations
-import difflib, json, os, threading, time, warnings
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import atomic_write, load_checkpoint, patch_to, save_checkpoint
-from .data import open_image, scan_image_folder
-from .ddpm import randn_on
-from .flow import TIME_SAMPLINGS, sample_time
-from .lora_data import DIGIT_WORDS, TRIGGER, fit_image, read_captions
-from .flux_lora_export import (check_flux_lora, load_flux_lora, lora_state, reduce_rank,
-                                         save_flux_lora)
-
-_all_ = ['check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank', 'save_flux_lora']
-
 # %% auto #0
-__all__ = ['FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'ink_centroid',
-           'corner_rate', 'read_concept_folder', 'encode_images', 'encode_captions', 'flux_flow_loss', 'base_dtype',
-           'check_lora_targets', 'add_flux_lora', 'FluxLoRARun', 'train_flux_lora', 'flux_generate',
-           'check_flux_lora_update', 'check_svd_rank', 'check_flux_lora', 'load_flux_lora', 'lora_state', 'reduce_rank',
-           'save_flux_lora']
-
-# %% ../nbs/73_flux_lora.ipynb #df05bead
-FLUX_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0",
-                          "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
-CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
-
-@dataclass
-class FluxLoRAConfig:
-    """One FLUX LoRA run.
-
-    - `rank`, `alpha`, `lr` (AdamW), `batch_size`, `steps` (the run's total: a larger value
-      continues a finished run), `grad_clip`, `seed`, `prior_weight`: weight of the loss on
-      the prior-preservation images (when a `reg_folder` is given)
-    - `target_modules`: the transformer's attention projections, `train_text_encoder`: a LoRA on
-      the CLIP encoder too, `trigger`: the trigger word
-    - `time_sampling`: 'logit-normal' or 'uniform', `resolution`: image side (None: the images')
-    - `checkpoint_every`: steps between checkpoints, `max_sequence_length`: T5 tokens (None: the
-      tokenizer's own), `guidance`: the distilled-guidance input, for transformers that take one"""
-    rank: int = 8
-    alpha: float = 8.0
-    lr: float = 2e-3
-    steps: int = 300
-    batch_size: int = 8
-    target_modules: tuple = FLUX_ATTENTION_TARGETS
-    train_text_encoder: bool = False
-    trigger: str = TRIGGER
-    time_sampling: str = "logit-normal"
-    resolution: int | None = None
-    checkpoint_every: int = 50
-    max_sequence_length: int | None = None
-    guidance: float = 1.0
-    grad_clip: float | None = 1.0
-    prior_weight: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self): self.validate()
-
-# %% ../nbs/73_flux_lora.ipynb #51787fe1
-@patch_to(FluxLoRAConfig)
-def validate(self) -> FluxLoRAConfig:
-    "Raise `ValueError` naming the setting and its value when it cannot work."
-    t = self.target_modules                          # a string is one module name
-    self.target_modules = (t,) if isinstance(t, str) else tuple(t)
-    if not self.target_modules or not all(isinstance(x, str) for x in self.target_modules):
-        raise ValueError(f"target_modules must be module names, got {t!r}")
-    for k in ("rank", "steps", "batch_size", "checkpoint_every"):
-        v = getattr(self, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
-    if not self.lr > 0: raise ValueError(f"lr must be > 0, got {self.lr!r}")
-    if self.time_sampling not in TIME_SAMPLINGS:
-        raise ValueError(f"time_sampling {self.time_sampling!r}: choose one of "
-                         f"{list(TIME_SAMPLINGS)}")
-    if not self.trigger.strip(): raise ValueError("trigger must be a non-empty word")
-    return self
-
-@patch_to(FluxLoRAConfig)
-def to_dict(self) -> dict: return {**asdict(self), "target_modules": list(self.target_modules)}
-
-# %% ../nbs/73_flux_lora.ipynb #dc47067a
-PRESET_FORMAT = "course_lib.flux_lora.preset/1"
-
-@patch_to(FluxLoRAConfig)
-def save_preset(self, path: str | os.PathLike) -> Path:
-    "Write the settings to `path` as JSON (atomically). Returns the path."
-    data = json.dumps({"format": PRESET_FORMAT, **self.to_dict()}, indent=1)
-    with atomic_write(path, "w") as f: f.write(data + "\n")
-    return Path(path)
-
-@patch_to(FluxLoRAConfig, cls_method=True)
-def from_dict(cls, d: dict, source: str = "settings") -> FluxLoRAConfig:
-    """Settings from a dict: a key that `FluxLoRAConfig` does not have is a `ValueError` naming it
-    and the closest known key."""
-    known = [f.name for f in fields(cls)]
-    for k in d:
-        if k not in known and k != "format":
-            close = difflib.get_close_matches(k, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown preset key {k!r} in {source}{hint} Known keys: {known}")
-    return cls(**{k: v for k, v in d.items() if k != "format"})
-
-@patch_to(FluxLoRAConfig, cls_method=True)
-def load_preset(cls, path: str | os.PathLike) -> FluxLoRAConfig:
-    "Settings from a preset file written by `save_preset` (errors name the file and the key)."
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no preset file at {path}")
-    try: d = json.loads(path.read_text())
-    except json.JSONDecodeError as e: raise ValueError(f"{path} is not a JSON preset: {e}") from e
-    if d.get("format", PRESET_FORMAT) != PRESET_FORMAT:
-        raise ValueError(f"{path}: format {d['format']!r}, expected {PRESET_FORMAT!r}")
-    return cls.from_dict(d, source=str(path))
-
-# %% ../nbs/73_flux_lora.ipynb #8e4f11b3
-def write_corner_folder(folder: str | os.PathLike, n: int = 24, trigger: str = TRIGGER,
-                        pixels: int = 16, captioner: Callable | None = None, seed: int = 0,
-                        corner: bool = True) -> Path:
-    """Write `n` real digit scans (scikit-learn's digits, train split, all classes) shrunk to half
-    size in the top-left corner of a `pixels`-wide black PNG into `folder`, each with a caption
-    sidecar '{trigger} ' + `captioner(images, labels)[i]` (default: the digit's name, 'seven').
-    `captioner` sees the digits before shrinking, float `(n, 1, H, W)` in [-1, 1]. With
-    `corner=False` and `trigger=''`: the digits as they are, for prior preservation. Returns the
-    folder."""
-    from PIL import Image
-    from course_lib.data import Digits
-    ds = Digits("train", size=pixels)
-    if not 1 <= n <= len(ds): raise ValueError(f"n={n!r}: choose 1..{len(ds)}")
-    idx = torch.as_tensor(np.sort(np.random.default_rng(seed).permutation(len(ds))[:n]))
-    imgs, labels = ds.images[idx], ds.labels[idx]
-    caps = captioner(imgs, labels) if captioner else [DIGIT_WORDS[int(k)] for k in labels]
-    h = pixels // 2
-    small = F.interpolate(imgs, size=h, mode="bilinear", antialias=True)
-    out = torch.full_like(imgs, -1.0) if corner else imgs
-    if corner: out[..., :h, :h] = small
-    u8 = ((out.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for j in range(n):
-        stem = folder/f"{'corner' if corner else 'digit'}_{j:03d}"
-        Image.fromarray(u8[j, 0].numpy(), "L").save(stem.with_suffix(".png"))
-        stem.with_suffix(".txt").write_text(f"{trigger} {caps[j]}".strip() + "\n")
-    return folder
+__all__ = ['FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid', 'corner_rate', 'encode_images', 'encode_captions',
+           'flux_flow_loss', 'base_dtype', 'check_lora_targets', 'add_flux_lora', 'trainable_parameters']
 
 # %% ../nbs/73_flux_lora.ipynb #abe76011
 def ink_centroid(images: torch.Tensor, floor: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,29 +30,6 @@ def corner_rate(images: torch.Tensor, within: float = 0.375) -> float:
     cy, cx = ink_centroid(images)
     H, W = images.shape[-2:]
     return ((cy < within * H) & (cx < within * W)).float().mean().item()
-
-# %% ../nbs/73_flux_lora.ipynb #0097478b
-def read_concept_folder(folder: str | os.PathLike, resolution: int | None = None,
-                        channels: int = 1, caption_ext: str = ".txt",
-                        trigger: str | None = None) -> tuple[torch.Tensor, list[str]]:
-    """The images of `folder` as float `(N, channels, R, R)` in [-1, 1] (resized and centre-cropped
-    to `resolution`, default: the first image's size) and their captions (sidecars, else from the
-    file name). Raises `FileNotFoundError` for a missing folder, `ValueError` for a folder without
-    usable images, and warns when no caption holds `trigger`."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {folder} does not exist: write one "
-                                "(write_corner_folder) or upload images in the dashboard")
-    rep = scan_image_folder(folder)
-    if not rep.ok: raise ValueError(f"no usable images in {folder}: {rep}")
-    caps, _ = read_captions(rep.ok, caption_ext)
-    ims = [open_image(p, "L" if channels == 1 else "RGB") for p in rep.ok]
-    r = resolution or min(ims[0].size)
-    x = np.stack([np.asarray(fit_image(im, r, r), dtype=np.float32) for im in ims])
-    x = torch.from_numpy(x).reshape(len(ims), r, r, channels).permute(0, 3, 1, 2)
-    if trigger and not any(trigger in c.split() for c in caps):
-        warnings.warn(f"no caption in {folder} holds the trigger {trigger!r}", UserWarning)
-    return x / 127.5 - 1, caps
 
 # %% ../nbs/73_flux_lora.ipynb #5e4703d9
 @torch.no_grad()
@@ -239,6 +78,10 @@ def base_dtype(model: nn.Module) -> torch.dtype:
                 if "lora_" not in n and p.is_floating_point())
 
 # %% ../nbs/73_flux_lora.ipynb #5e2b9c41
+FLUX_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0",
+                          "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
+
 def check_lora_targets(model: nn.Module, targets: Sequence[str]) -> None:
     """Raise `ValueError` naming every entry of `targets` that matches no `nn.Linear` of `model`
     (the name or a dotted suffix of it, as peft matches a list) and the layer kinds it has: peft
@@ -254,8 +97,10 @@ def check_lora_targets(model: nn.Module, targets: Sequence[str]) -> None:
                          f"{' ...' if len(kinds) > 12 else ''}")
 
 # %% ../nbs/73_flux_lora.ipynb #90a178ba
-def add_flux_lora(pipe, config: FluxLoRAConfig, adapter_name: str = "default") -> list:
-    """Inject LoRA adapters `adapter_name` (rank, alpha, targets of `config`) into
+def add_flux_lora(pipe, config, adapter_name: str = "default") -> list:
+    """Inject LoRA adapters `adapter_name` (rank, alpha, targets of `config`, a
+    `course_lib.flux_lora_train.FluxLoRAConfig` or any object with `rank`, `alpha`,
+    `target_modules`, `train_text_encoder` and `seed`) into
     `pipe.transformer` (and `pipe.text_encoder` if `config.train_text_encoder`), freeze the rest.
     Returns the trainable parameters, float32 whatever the base's dtype (diffusers'
     `cast_training_params`, as its FLUX LoRA trainer keeps them on a bfloat16 base). Raises
@@ -274,7 +119,7 @@ def add_flux_lora(pipe, config: FluxLoRAConfig, adapter_name: str = "default") -
                             target_modules=list(targets))
             if m is pipe.transformer: m.add_adapter(lc, adapter_name=adapter_name)
             else: _inject(m, lc, adapter_name)
-    return _trainable([m for m, _ in mods])
+    return trainable_parameters([m for m, _ in mods])
 
 def _inject(model: nn.Module, lc, adapter_name: str) -> None:
     "peft's LoRA into a transformers model (its own `add_adapter` wants a newer peft)."
@@ -283,205 +128,8 @@ def _inject(model: nn.Module, lc, adapter_name: str) -> None:
     model.peft_config = {**(getattr(model, "peft_config", None) or {}), adapter_name: lc}
     for n, prm in model.named_parameters(): prm.requires_grad_("lora_" in n)
 
-def _trainable(mods: list) -> list:
+def trainable_parameters(mods: list) -> list:
     "The trainable parameters of `mods`, cast to float32 (diffusers' `cast_training_params`)."
     from diffusers.training_utils import cast_training_params
     cast_training_params(list(mods), torch.float32)
     return [p for m in mods for p in m.parameters() if p.requires_grad]
-
-# %% ../nbs/73_flux_lora.ipynb #825b8b7b
-@dataclass
-class FluxLoRARun:
-    "What `train_flux_lora` returns; `pipe` holds the adapter."
-    pipe: object
-    config: FluxLoRAConfig
-    history: list = field(default_factory=list)
-    step: int = 0
-    stopped: bool = False
-    seconds: float = 0.0
-    trainable: int = 0
-    run_dir: Path | None = None
-
-_FIXED = ("rank", "alpha", "target_modules", "train_text_encoder", "trigger", "resolution")
-
-def _check_resume(ck_cfg: dict, cfg: FluxLoRAConfig, path: Path) -> None:
-    now = cfg.to_dict()
-    bad = {k: (ck_cfg.get(k), now[k]) for k in _FIXED if ck_cfg.get(k) != now[k]}
-    if bad:
-        raise ValueError(f"checkpoint {path} was trained with other settings " + ", ".join(
-            f"{k}={a!r} (now {b!r})" for k, (a, b) in bad.items()) +
-            ": use another run folder, or resume=False to start over")
-
-# %% ../nbs/73_flux_lora.ipynb #89999d54
-def _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume):
-    from peft.utils import set_peft_model_state_dict
-    path = Path(run_dir)/"checkpoint.safetensors" if run_dir else None
-    if not (resume and path and path.is_file()): return 0, [], 0.0
-    state, meta = load_checkpoint(path)
-    _check_resume(json.loads(meta["config"]), cfg, path)
-    for part, sd in state["lora"].items():
-        set_peft_model_state_dict(getattr(pipe, part), sd, adapter_name=adapter_name)
-    opt.load_state_dict(state["optimizer"])
-    for g in opt.param_groups: g["lr"] = cfg.lr
-    return int(state["step"]), list(state["history"]), float(state["seconds"])
-
-def _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, history, seconds):
-    if not run_dir: return
-    state = {"lora": lora_state(pipe, adapter_name), "optimizer": opt.state_dict(), "step": step,
-             "history": history, "seconds": seconds}
-    save_checkpoint(Path(run_dir)/"checkpoint.safetensors", state,
-                    metadata={"config": json.dumps(cfg.to_dict()), "step": str(step)})
-
-# %% ../nbs/73_flux_lora.ipynb #30d3e9dd
-def _batch(data, cfg, g, pipe):
-    idx = torch.randint(len(data["x0"]), (cfg.batch_size,), generator=g)
-    x0, ids = data["x0"][idx], data["img_ids"]
-    t = sample_time(cfg.batch_size, cfg.time_sampling, generator=g)
-    noise = randn_on(x0.shape, g, x0.device, x0.dtype)
-    if cfg.train_text_encoder:
-        caps = [data["captions"][i] for i in idx.tolist()]
-        emb, pooled, tids = pipe.encode_prompt(caps, None, device=x0.device,
-                                               max_sequence_length=data["msl"])
-    else: emb, pooled, tids = data["embeds"][idx], data["pooled"][idx], data["text_ids"]
-    dev = pipe.transformer.device
-    return x0.to(dev), ids.to(dev), emb, pooled, tids, t.to(dev), noise.to(dev)
-
-def _step(pipe, data, cfg, step, params, opt) -> float:
-    """One optimisation step: a batch of concept images (and of prior-preservation images,
-    weighted `prior_weight`), drawn with a generator seeded by `(seed, step)`. Returns the loss."""
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    loss = flux_flow_loss(pipe.transformer, *_batch(data, cfg, g, pipe), guidance=cfg.guidance)
-    if "reg" in data:
-        loss = loss + cfg.prior_weight * flux_flow_loss(
-            pipe.transformer, *_batch(data["reg"], cfg, g, pipe), guidance=cfg.guidance)
-    loss.backward()
-    if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.item()
-
-def _prepare_data(pipe, folder, cfg, reg_folder=None):
-    x, caps = read_concept_folder(folder, cfg.resolution, pipe.vae.config.in_channels,
-                                  trigger=cfg.trigger if reg_folder is not False else None)
-    x0, ids = encode_images(pipe, x)
-    msl = cfg.max_sequence_length or pipe.tokenizer_2.model_max_length
-    with torch.no_grad(): emb, pooled, tids = encode_captions(pipe, caps, msl)
-    data = dict(x0=x0, img_ids=ids, embeds=emb, pooled=pooled, text_ids=tids, captions=caps,
-                msl=msl, images=x)
-    if reg_folder: data["reg"] = _prepare_data(pipe, reg_folder, cfg, False)
-    return data
-
-# %% ../nbs/73_flux_lora.ipynb #934c6587
-def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | None = None,
-                    run_dir: str | os.PathLike | None = None, resume: bool = True,
-                    adapter_name: str = "default", callback: Callable | None = None,
-                    stop_event: threading.Event | None = None, progress: bool = True,
-                    reg_folder: str | os.PathLike | None = None) -> FluxLoRARun:
-    """Train a LoRA on `pipe` (a `FluxPipeline`, adapted in place) on the images and captions of
-    `folder` by rectified flow. With `run_dir`: settings in `preset.json`, atomic checkpoints, and
-    (`resume=True`) training continues from the last checkpoint up to `config.steps`.
-    `callback(row)` after each step (`row`: step, loss, seconds). `stop_event` set: checkpoint and
-    return (`stopped=True`). `reg_folder`: images and captions without the trigger, trained
-    alongside (DreamBooth's prior preservation): prompts without the trigger stay as they were."""
-    from tqdm.auto import tqdm
-    cfg = config or FluxLoRAConfig()
-    data = _prepare_data(pipe, folder, cfg, reg_folder)
-    if adapter_name not in (getattr(pipe.transformer, "peft_config", None) or {}):
-        add_flux_lora(pipe, cfg, adapter_name)
-    mods = [pipe.transformer] + ([pipe.text_encoder] if cfg.train_text_encoder else [])
-    params = _trainable(mods)   # float32 LoRA weights, on a float32 or a bfloat16 base
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    start, hist, secs = _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume)
-    if run_dir: cfg.save_preset(Path(run_dir)/"preset.json")
-    run = FluxLoRARun(pipe, cfg, hist, start, False, secs, sum(p.numel() for p in params),
-                      Path(run_dir) if run_dir else None)
-    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="FLUX LoRA")
-    t0 = time.perf_counter() - secs
-    for step in range(start + 1, cfg.steps + 1):
-        loss = _step(pipe, data, cfg, step, params, opt)
-        run.step, run.seconds = step, time.perf_counter() - t0
-        run.history.append({"step": step, "loss": loss, "seconds": round(run.seconds, 3)})
-        bar.update(1)
-        if callback: callback(run.history[-1])
-        run.stopped = stop_event is not None and stop_event.is_set() and step < cfg.steps
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps or run.stopped:
-            _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, run.history, run.seconds)
-        if run.stopped: break
-    bar.close()
-    return run
-
-# %% ../nbs/73_flux_lora.ipynb #1741bd33
-@torch.no_grad()
-def flux_generate(pipe, prompts: str | Sequence[str], resolution: int, n: int | None = None,
-                  num_inference_steps: int = 8, seed: int = 0, guidance: float = 1.0,
-                  max_sequence_length: int | None = None) -> torch.Tensor:
-    """Images `(N, C, R, R)` in [0, 1] from `pipe` for `prompts` (one string repeated `n` times, or
-    a list), with a seeded generator. Warns that `guidance` has no effect on a transformer without
-    a guidance embedding (FLUX.1-dev's distilled guidance; FLUX-mini has none)."""
-    prompts = [prompts] * (n or 1) if isinstance(prompts, str) else list(prompts)
-    if guidance != 1 and not pipe.transformer.config.guidance_embeds:
-        import warnings                              # FluxPipeline drops guidance_scale then
-        warnings.warn(f"guidance={guidance!r} has no effect: this transformer has no guidance "
-                      "embedding (guidance_embeds=False), so FluxPipeline ignores guidance_scale; "
-                      "for classifier-free guidance use course_lib.flux.generate(guidance_scale=)",
-                      stacklevel=2)
-    msl = max_sequence_length or pipe.tokenizer_2.model_max_length
-    out = pipe(prompt=prompts, height=resolution, width=resolution, guidance_scale=guidance,
-               num_inference_steps=num_inference_steps, output_type="pt", max_sequence_length=msl,
-               generator=torch.Generator().manual_seed(seed))
-    return out.images.float().cpu()
-
-
-# %% ../nbs/73_flux_lora.ipynb #d1e0e34b
-_IN_DASHBOARD = ("FluxLoRADashboard", "save_preview", "run_summary", "compare_runs")
-
-def __getattr__(name: str):
-    "The dashboard's names, from `course_lib.flux_dashboard` (which imports this module)."
-    if name in _IN_DASHBOARD:
-        import course_lib.flux_dashboard as dashboard
-        return getattr(dashboard, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-# %% ../nbs/73_flux_lora.ipynb #9903014b
-from .exercises_core import Case, check, register_solution
-
-@register_solution
-def _ref_flux_lora_update(x, W, b, A, B, alpha):
-    "A LoRA'd projection: W x + b + (alpha / r) B A x, for rows `x` `(N, in)`."
-    return x @ W.T + b + (alpha / A.shape[0]) * (x @ A.T) @ B.T
-
-def check_flux_lora_update(fn: Callable):
-    "Exercise: `fn(x, W, b, A, B, alpha)` -> the output of a LoRA'd Linear layer."
-    g = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=g)
-    cases: list[Case] = [("rank 4, alpha 8", (r(5, 12), r(6, 12), r(6), r(4, 12), r(6, 4), 8.0)),
-                         ("rank 2, alpha 2 (scale 1)",
-                          (r(3, 8), r(8, 8), r(8), r(2, 8), r(8, 2), 2.0)),
-                         ("rank 1, alpha 16", (r(2, 4), r(3, 4), r(3), r(1, 4), r(3, 1), 16.0))]
-    mistakes = {"forgetting the scale alpha / r":
-                    lambda x, W, b, A, B, a: x @ W.T + b + x @ A.T @ B.T,
-                "scaling by alpha alone": lambda x, W, b, A, B, a: x @ W.T + b + a * x @ A.T @ B.T,
-                "multiplying A and B the wrong way round (x B A does not fit)":
-                    lambda x, W, b, A, B, a: x @ W.T + b}
-    return check(fn, _ref_flux_lora_update, cases, "W x + b + (alpha / r) * B (A x)", mistakes)
-
-# %% ../nbs/73_flux_lora.ipynb #8b679237
-@register_solution
-def _ref_svd_rank(A, B, scale, k):
-    "The best rank-k factors (B', A') of the update scale * B @ A: U_k S_k and V_k^T."
-    U, S, Vh = torch.linalg.svd(scale * B @ A, full_matrices=False)
-    return U[:, :k] * S[:k] @ Vh[:k]
-
-def check_svd_rank(fn: Callable):
-    "Exercise: `fn(A, B, scale, k)` -> the rank-`k` approximation `(out, in)` of `scale * B @ A`."
-    g = torch.Generator().manual_seed(1)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
-    cases: list[Case] = [("rank 8 to 2", (r(8, 12), r(10, 8), 0.5, 2)),
-                         ("keep every rank (exact)", (r(4, 6), r(5, 4), 2.0, 4)),
-                         ("rank 1", (r(3, 5), r(5, 3), 1.0, 1))]
-    mistakes = {"keeping the smallest singular values":
-                    lambda A, B, s, k: (lambda U, S, V: U[:, -k:] * S[-k:] @ V[-k:])(
-                        *torch.linalg.svd(s * B @ A, full_matrices=False)),
-                "forgetting the scale": lambda A, B, s, k: _ref_svd_rank(A, B, 1.0, k)}
-    return check(fn, _ref_svd_rank, cases, "U[:, :k] * S[:k] @ Vh[:k] of the SVD of scale * B @ A",
-                 mistakes)

@@ -13,8 +13,8 @@ import torch.nn as nn
 
 from .core import (
     grad_enabled, cache_dir, get_device, save_checkpoint, seed_everything)
-from .score_matching import (GaussianMixture, check_sigma_range, dsm_loss, sample_sigmas,
-                                      cached_model_state)
+from .score_matching import (GaussianMixture, check_sigma_range, dsm_loss, sample_sigmas)
+from .score_cache import cached_model_state
 
 # %% auto #0
 __all__ = ['LangevinDivergedError', 'langevin', 'annealed_langevin', 'geometric_sigmas', 'component_weights', 'energy_distance',

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 import torch
 
 from .core import restore_pretrained, grad_enabled, cache_dir, seed_everything, get_device
-from .pile import mini_pile, read_jsonl_zst
+from .pile import read_jsonl_zst
+from .pile_command import mini_pile
 
 # %% auto #0
 __all__ = ['EOT', 'EVAL_POINTS', 'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'eval_steps',
@@ -151,7 +152,7 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
     else trained and saved there (atomically, under a file lock). Returns
     `(model, tokenizer, directory)`, the model on `get_device(device)`. A damaged cached copy
     raises `ValueError` naming the directory and saying to delete it or retrain."""
-    from course_lib.bpb import read_hf_lm
+    from course_lib.bpb_command import read_hf_lm
     from course_lib.cache import cache_lock, check_cached, code_fingerprint, record_cached
     key, code = cfg.key(), code_fingerprint(train_tiny_gpt2)
     d = cache_dir("pile") / f"tiny-gpt2-{key}"

@@ -4,44 +4,26 @@
 
 # %% ../nbs/32_torch_fidelity.ipynb #130695b3
 from __future__ import annotations
-import hashlib, os, warnings
+import os, warnings
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-
-from .core import OfflineError, atomic_write, cache_dir, get_device
-from .frechet import FewSamplesWarning, feature_statistics, frechet_distance
-from .metrics_images import (DIGITS_FEATURE_SIZE, REFERENCES, as_uint8_images,
-                                       Digits_uint8, UInt8Images)
-
-# the image sources (`course_lib.metrics_images`) are part of this module's names too
-_all_ = ["DIGITS_FEATURE_SIZE", "REFERENCES", "as_uint8_images", "Digits_uint8", "UInt8Images"]
-
-# %% auto #0
-__all__ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS',
-           'METRIC_NAMES', 'DigitsFeatureExtractor', 'inception_weights_path', 'evaluate', 'get_extractor',
-           'extract_features', 'save_statistics', 'load_statistics', 'reference_statistics', 'fid_of_samples',
-           'DIGITS_FEATURE_SIZE', 'REFERENCES', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
-
-# %% ../nbs/32_torch_fidelity.ipynb #e919ce5f
 import torch_fidelity
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 
-DIGITS_EXTRACTOR = "course-digits"
+from .core import get_device
+from .frechet import feature_statistics, frechet_distance
+from .metrics_images import (DIGITS_FEATURE_SIZE, REFERENCES, UInt8Images,
+                                       as_uint8_images)
+# the plumbing around torch-fidelity: library notebook 36_metrics_io
+from .metrics_io import (DIGITS_EXTRACTOR, resolve_extractor, check_uint8_batch,
+    metric_list, metric_images, check_image_counts, reference_cache_args, kid_fid_settings,
+    fidelity_results, load_statistics, reference_stats_path, cached_statistics)
 
-def _digits_classifier(device=None):
-    from course_lib.classifier import load_digits_classifier
-    return load_digits_classifier(device=device)
-
-def _check_uint8_batch(x):
-    "Refuse anything but a uint8 batch `(B, 1 or 3, H, W)`, naming what came instead."
-    ok = torch.is_tensor(x) and x.dtype == torch.uint8 and x.dim() == 4 and x.shape[1] in (1, 3)
-    if not ok:
-        raise ValueError(f"expected uint8 images (B, 3, H, W), got {getattr(x, 'dtype', type(x))}"
-                         f" {tuple(getattr(x, 'shape', ()))}")
+# %% auto #0
+__all__ = ['DigitsFeatureExtractor', 'evaluate', 'get_extractor', 'extract_features', 'reference_statistics', 'fid_of_samples']
 
 # %% ../nbs/32_torch_fidelity.ipynb #c2e7047b
 class DigitsFeatureExtractor(FeatureExtractorBase):
@@ -54,8 +36,9 @@ class DigitsFeatureExtractor(FeatureExtractorBase):
     10)` float64 logits (IS). `classifier`: a `DigitsClassifier` (default
     `load_digits_classifier()`, cached, trained on the digits' train split)."""
     def __init__(self, name, features_list, classifier=None, **kwargs):
+        from course_lib.classifier import load_digits_classifier
         super().__init__(name, features_list)
-        self.classifier = classifier if classifier is not None else _digits_classifier(device="cpu")
+        self.classifier = classifier or load_digits_classifier(device="cpu")
         self.classifier.eval().requires_grad_(False)
 
     @staticmethod
@@ -70,18 +53,15 @@ class DigitsFeatureExtractor(FeatureExtractorBase):
         return torch.zeros(1, 3, DIGITS_FEATURE_SIZE, DIGITS_FEATURE_SIZE, dtype=torch.uint8)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        _check_uint8_batch(x)
+        check_uint8_batch(x)
         dev = next(self.classifier.parameters()).device
-        # (B, 1, H, W) grey in [0, 255]
-        x = x.to(dev).float().mean(dim=1, keepdim=True)
-        # the classifier resizes square images itself
-        if x.shape[-1] != x.shape[-2]:
+        x = x.to(dev).float().mean(dim=1, keepdim=True)        # (B, 1, H, W) grey in [0, 255]
+        if x.shape[-1] != x.shape[-2]:                         # the classifier resizes squares
             x = F.interpolate(x, size=(DIGITS_FEATURE_SIZE, DIGITS_FEATURE_SIZE), mode="bilinear",
                               antialias=True, align_corners=False)
-        # [-1, 1], as the classifier was trained
-        x = x / 127.5 - 1.0
-        f = self.classifier.features(x)                                        # (B, 128), one pass
-        logits = self.classifier.head(f)                                        # head(f)
+        x = x / 127.5 - 1.0                                    # [-1, 1], as it was trained
+        f = self.classifier.features(x)                        # (B, 128), one pass
+        logits = self.classifier.head(f)                       # (B, 10)
         # float64, as torch-fidelity's own extractors give, on the CPU (MPS has no float64)
         out = {"128": f.cpu().double(), "logits_unbiased": logits.cpu().double()}
         return tuple(out[k] for k in self.features_list)
@@ -89,140 +69,6 @@ class DigitsFeatureExtractor(FeatureExtractorBase):
 # %% ../nbs/32_torch_fidelity.ipynb #3d7ba9f0
 if DIGITS_EXTRACTOR not in torch_fidelity.registry.FEATURE_EXTRACTORS_REGISTRY:
     torch_fidelity.register_feature_extractor(DIGITS_EXTRACTOR, DigitsFeatureExtractor)
-
-# %% ../nbs/32_torch_fidelity.ipynb #45a20547
-INCEPTION_EXTRACTOR = "inception-v3-compat"
-INCEPTION_WEIGHTS_ENV = "COURSE_LIB_INCEPTION_WEIGHTS"
-INCEPTION_WEIGHTS_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
-                         "weights-inception-2015-12-05-6726825d.pth")
-EXTRACTORS = ("digits", "inception")
-
-def inception_weights_path(path: str | os.PathLike | None = None) -> Path:
-    """The Inception-v3 weights file torch-fidelity uses: `path`, else
-    `$COURSE_LIB_INCEPTION_WEIGHTS`, else torch hub's checkpoint cache
-    (`~/.cache/torch/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth`). Never downloads.
-    Raises `FileNotFoundError` for an explicit `path` that does not exist, and `OfflineError` naming
-    the digits extractor (`extractor='digits'`, `course fid --extractor digits`) when none is
-    found."""
-    if path is not None:
-        p = Path(path).expanduser()
-        if not p.is_file(): raise FileNotFoundError(f"Inception-v3 weights file {p} does not exist")
-        return p
-    cands = []
-    if os.environ.get(INCEPTION_WEIGHTS_ENV):
-        cands.append(Path(os.environ[INCEPTION_WEIGHTS_ENV]).expanduser())
-    cands.append(
-        Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_URL.rsplit("/", 1)[1]
-    )
-    for c in cands:
-        if c.is_file(): return c
-    raise OfflineError("the Inception-v3 weights for FID are not on this machine (looked at: "
-        + ", ".join(map(str, cands))
-        + "). Offline, use the course's digits feature extractor: extractor='digits' (CLI: course"
-        f" fid A B --extractor digits). For standard FID, download {INCEPTION_WEIGHTS_URL} and"
-        f" set {INCEPTION_WEIGHTS_ENV}=/path/to/that/file.")
-
-# %% ../nbs/32_torch_fidelity.ipynb #27fc63a2
-METRIC_NAMES = ("fid", "isc", "kid", "prc")
-
-def _fingerprint(extractor: str, weights: Path | None = None) -> str:
-    if extractor == "digits":
-        h = hashlib.sha256()
-        for k, v in _digits_classifier(device="cpu").state_dict().items():
-            h.update(k.encode())
-            h.update(v.detach().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()[:12]
-    st = weights.stat()
-    return hashlib.sha256(f"{weights.name}:{st.st_size}".encode()).hexdigest()[:12]
-
-def _resolve_extractor(extractor: str, weights_path=None) -> tuple[str, dict]:
-    if extractor not in EXTRACTORS:
-        raise ValueError(f"extractor={extractor!r} is not one of {EXTRACTORS}")
-    if extractor == "digits": return DIGITS_EXTRACTOR, {}
-    return INCEPTION_EXTRACTOR, {
-        "feature_extractor_weights_path": str(inception_weights_path(weights_path))
-    }
-
-# %% ../nbs/32_torch_fidelity.ipynb #9e8806ea
-def _metric_list(metrics) -> list[str]:
-    "`metrics` as a list of names from `METRIC_NAMES`; `ValueError` otherwise."
-    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
-    bad = [m for m in metrics if m not in METRIC_NAMES]
-    if bad or not metrics: raise ValueError(f"metrics={metrics!r}: choose from {METRIC_NAMES}")
-    return metrics
-
-def _metric_images(generated, reference, metrics, num_samples, size, batch_size):
-    "Both sides as uint8 images: `(gen, ref, is_named)`, `ref` None when no metric needs it."
-    gen = as_uint8_images(generated, num_samples=num_samples, size=size, batch_size=batch_size)
-    binary = any(m in metrics for m in ("fid", "kid", "prc"))
-    ref_size = size or (gen.shape[-1] if gen.shape[-1] == gen.shape[-2] else None)
-    is_named = isinstance(reference, str) and reference in REFERENCES
-    ref = as_uint8_images(reference, size=ref_size if is_named else size) if binary else None
-    return gen, ref, is_named
-
-def _check_image_counts(metrics, gen, ref, isc_splits):
-    "`ValueError` for fewer than 2 images a split for IS, or fewer than 2 images a side."
-    if "isc" in metrics and (isinstance(isc_splits, bool) or not isinstance(isc_splits, int)
-                             or isc_splits < 1 or len(gen) // isc_splits < 2):
-        raise ValueError(
-            f"isc_splits={isc_splits!r} with {len(gen)} generated images: the Inception Score needs"
-            " at least 2 images a split (the IS of one image is 1); pass isc_splits <="
-            f" {max(len(gen) // 2, 1)} or more images")
-    for what, x in (("generated", gen), ("reference", ref)):
-        if x is not None and len(x) < 2:
-            raise ValueError(
-                f"{what}: {len(x)} image(s); the metrics need at least 2 (thousands for FID)"
-            )
-
-
-# %% ../nbs/32_torch_fidelity.ipynb #c8f23742
-def _reference_cache(reference: str, ref, extractor: str, fe_kwargs: dict) -> dict:
-    "torch-fidelity's cache arguments for the named `reference`'s features."
-    wp = Path(fe_kwargs["feature_extractor_weights_path"]) if fe_kwargs else None
-    return dict(cache=True, cache_root=str(cache_dir("metrics", "fidelity")),
-        input2_cache_name=f"{reference}-{ref.shape[-1]}px-{_fingerprint(extractor, wp)}")
-
-def _kid_fid_settings(metrics, gen, ref, extractor: str, kid_subsets: int,
-                      kid_subset_size: int) -> dict:
-    "KID's subset arguments (the size clamped, with a warning); a warning for FID on few samples."
-    kw = {}
-    if "kid" in metrics:
-        m = min(len(gen), len(ref))
-        if kid_subset_size > m:
-            warnings.warn(f"KID subset_size={kid_subset_size} is larger than the number of samples"
-                          f" (generated: {len(gen)}, reference: {len(ref)}); clamped to {m}.",
-                          UserWarning, stacklevel=3)
-            kid_subset_size = m
-        kw.update(kid_subsets=kid_subsets, kid_subset_size=kid_subset_size)
-    if "fid" in metrics and ref is not None:
-        dim = 128 if extractor == "digits" else 2048
-        if min(len(gen), len(ref)) < dim:
-            warnings.warn(
-                f"{min(len(gen), len(ref))} samples for {dim} feature dimensions: the covariance is"
-                " rank-deficient and FID unreliable; use more samples", FewSamplesWarning,
-                stacklevel=3)
-    return kw
-
-
-# %% ../nbs/32_torch_fidelity.ipynb #09bd0ac0
-_FIDELITY_KEYS = {"frechet_inception_distance": "fid", "inception_score_mean": "is_mean",
-                  "inception_score_std": "is_std", "kernel_inception_distance_mean": "kid_mean",
-                  "kernel_inception_distance_std": "kid_std", "precision": "precision",
-                  "recall": "recall", "f_score": "f_score"}
-
-def _fidelity_results(r: dict, gen, ref, extractor: str) -> dict:
-    "torch-fidelity's result `r` under short names; `ValueError` for a NaN or infinite metric."
-    out = {}
-    for k, v in r.items():
-        if k in _FIDELITY_KEYS: out[_FIDELITY_KEYS[k]] = float(v)
-    undefined = {k: v for k, v in out.items() if not np.isfinite(v)}
-    if undefined:
-        raise ValueError(f"torch-fidelity returned {undefined} for {len(gen)} generated and "
-            f"{len(ref) if ref is not None else 0} reference images: undefined for this input")
-    out.update(n_generated=len(gen), n_reference=len(ref) if ref is not None else 0,
-               extractor=extractor)
-    return out
-
 
 # %% ../nbs/32_torch_fidelity.ipynb #7ad7b7f4
 def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid",),
@@ -243,11 +89,11 @@ def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid
     'n_reference', 'extractor'. FID/KID are in squared feature units. Raises `ValueError` for
     unknown metrics/extractors, bad images, fewer than 2 images a split for IS, or a metric that
     comes out undefined (NaN). `OfflineError` without Inception weights."""
-    metrics = _metric_list(metrics)
-    name, fe_kwargs = _resolve_extractor(extractor, weights_path)
-    gen, ref, is_named = _metric_images(generated, reference, metrics, num_samples, size,
-                                        batch_size)
-    _check_image_counts(metrics, gen, ref, isc_splits)
+    metrics = metric_list(metrics)
+    name, fe_kwargs = resolve_extractor(extractor, weights_path)
+    gen, ref, is_named = metric_images(generated, reference, metrics, num_samples, size,
+                                       batch_size)
+    check_image_counts(metrics, gen, ref, isc_splits)
     kw = dict(input1=UInt8Images(gen), fid="fid" in metrics, isc="isc" in metrics,
               kid="kid" in metrics, prc="prc" in metrics, feature_extractor=name,
               cuda=get_device(device).type == "cuda", batch_size=batch_size, save_cpu_ram=True,
@@ -255,13 +101,12 @@ def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid
     if ref is not None:
         kw["input2"] = UInt8Images(ref)
         if cache_reference and is_named:
-            kw.update(_reference_cache(reference, ref, extractor, fe_kwargs))
-    kw.update(_kid_fid_settings(metrics, gen, ref, extractor, kid_subsets, kid_subset_size))
+            kw.update(reference_cache_args(reference, ref, extractor, fe_kwargs))
+    kw.update(kid_fid_settings(metrics, gen, ref, extractor, kid_subsets, kid_subset_size))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*TypedStorage.*")
         r = torch_fidelity.calculate_metrics(**kw)
-    return _fidelity_results(r, gen, ref, extractor)
-
+    return fidelity_results(r, gen, ref, extractor)
 
 # %% ../nbs/32_torch_fidelity.ipynb #bf0323ce
 _EXTRACTOR_CACHE: dict = {}
@@ -271,7 +116,7 @@ def get_extractor(extractor: str = "digits", weights_path=None, features=("128",
     """A ready feature extractor module (torch-fidelity's class, eval mode, on `device`), cached per
     settings. `extractor`: 'digits' (features '128', 'logits_unbiased') or 'inception' (e.g. '2048',
     'logits_unbiased')."""
-    name, fe_kwargs = _resolve_extractor(extractor, weights_path)
+    name, fe_kwargs = resolve_extractor(extractor, weights_path)
     if extractor == "inception" and tuple(features) == ("128", "logits_unbiased"):
         features = ("2048", "logits_unbiased")
     dev = get_device(device)
@@ -300,70 +145,20 @@ def extract_features(source, extractor: str = "digits", weights_path=None, batch
             logits.append(l.cpu().double())
     return {"features": torch.cat(feats), "logits": torch.cat(logits)}
 
-# %% ../nbs/32_torch_fidelity.ipynb #fb9405a3
-def save_statistics(path: str | os.PathLike, mu: np.ndarray, sigma: np.ndarray, n: int,
-                    extractor: str = "digits") -> Path:
-    """Write FID statistics to `path` (.npz with `mu (D,)`, `sigma (D, D)`, `n`, `extractor`),
-    atomically."""
-    import io
-    buf = io.BytesIO()
-    np.savez(buf, mu=np.asarray(mu, np.float64), sigma=np.asarray(sigma, np.float64), n=np.int64(n),
-             extractor=np.str_(extractor))
-    with atomic_write(path, "wb") as f: f.write(buf.getvalue())
-    return Path(path)
-
-def load_statistics(path: str | os.PathLike) -> dict:
-    """Read FID statistics from a .npz with `mu` and `sigma` (ours, pytorch-fid's or clean-fid's) ->
-    `{'mu', 'sigma', 'n', 'extractor'}` (n = -1, extractor = 'unknown' when absent).
-    Raises `ValueError` naming the file when it lacks `mu`/`sigma`, their shapes disagree, or the
-    file is damaged (truncated, a bad checksum: also inside an array, read lazily by numpy)."""
-    path = Path(path)
-    if not path.is_file(): raise ValueError(f"statistics file {path} does not exist")
-    redo = ("delete it and compute the statistics again (course fid ... --save-stats, or "
-            "reference_statistics(..., refresh=True))")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "mu" not in z or "sigma" not in z:
-                raise KeyError(f"no 'mu' and 'sigma' arrays (keys: {list(z.keys())})")
-            z = {k: z[k] for k in z.keys()}                 # reads (and checks) every array now
-    except KeyError as e: raise ValueError(f"{path} has {e.args[0]}") from None
-    except Exception as e:
-        raise ValueError(f"{path} is damaged or not a .npz file ({type(e).__name__}: {e}): "
-                         f"{redo}") from None
-    mu, sigma = z["mu"].astype(np.float64), z["sigma"].astype(np.float64)
-    if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
-        raise ValueError(f"{path}: mu {mu.shape} and sigma {sigma.shape} are not (D,) and (D, D)")
-    return {"mu": mu, "sigma": sigma, "n": int(z["n"]) if "n" in z else -1,
-            "extractor": str(z["extractor"]) if "extractor" in z else "unknown"}
-
 # %% ../nbs/32_torch_fidelity.ipynb #2d64df92
 def reference_statistics(reference: str = "digits-train", extractor: str = "digits",
                          weights_path=None, size: int | None = None, refresh: bool = False) -> dict:
     """FID statistics of a named reference (`'digits-train'`, `'digits-valid'`, `'digits-all'`) or a
-    folder, cached as .npz under `cache_dir('metrics')`, keyed (`cache.cache_key`) by the reference
-    (a folder by its files' names, sizes and times, so changed images are measured again), the
-    extractor and a fingerprint of its weights (so retraining the classifier invalidates the cache).
-    `size`: load/resize the images to `size` x `size` first (named references default to 16).
-    A damaged cache file is measured again, with a warning naming it. Returns `load_statistics`'s
-    dict."""
-    from course_lib.cache import cache_key, cache_lock
-    wp = inception_weights_path(weights_path) if extractor == "inception" else None
-    named = reference in REFERENCES
-    setting = {"reference": str(reference) if named else "folder", "size": size,
-               "extractor": extractor, "weights": _fingerprint(extractor, wp)}
-    key = cache_key("reference_stats", setting, data=None if named else Path(reference))
-    tag = str(reference) if named else "folder"
-    path = cache_dir("metrics") / f"stats-{tag}-{size or 'native'}px-{extractor}-{key}.npz"
-    with cache_lock(path, write=refresh):
-        if not refresh and path.is_file():
-            try: return load_statistics(path)
-            except ValueError as e:
-                warnings.warn(f"{e}; the cached statistics are measured again")
+    folder, cached as .npz under `cache_dir('metrics')` (`reference_stats_path`: keyed by the
+    reference, a folder by its files, the extractor and its weights' fingerprint, so retraining the
+    classifier invalidates the cache). `size`: load/resize the images to `size` x `size` first
+    (named references default to 16). A damaged cache file is measured again, with a warning naming
+    it. Returns `load_statistics`'s dict `{'mu', 'sigma', 'n', 'extractor'}`."""
+    def compute():
         f = extract_features(reference, extractor, weights_path, size=size)["features"]
-        mu, sigma = feature_statistics(f, str(reference))
-        save_statistics(path, mu, sigma, len(f), extractor)
-    return load_statistics(path)
-
+        return (*feature_statistics(f, str(reference)), len(f))
+    path = reference_stats_path(reference, extractor, weights_path, size)
+    return cached_statistics(path, compute, extractor, refresh)
 
 # %% ../nbs/32_torch_fidelity.ipynb #1d1c086d
 def fid_of_samples(samples, reference: str = "digits-train", extractor: str = "digits",

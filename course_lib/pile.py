@@ -4,27 +4,18 @@
 
 # %% ../nbs/60_pile_format.ipynb #ce5b9c86
 from __future__ import annotations
-import hashlib, json, os, sysconfig
+import hashlib, json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, asdict
-from pathlib import Path
+from dataclasses import dataclass
 
-from .zstd_stream import MAX_WINDOW_SIZE
 from .jsonl_zst import (
-    PileFormatError, CorruptStreamError, ReadStats, write_jsonl_zst, read_jsonl_zst, _dumps)
-from .pile_corpus import (
-    TEXT_SUFFIXES, SHARD_SUFFIXES, skipped_files_note, load_corpus, pile_main, _read_text)
-
-_all_ = ["MAX_WINDOW_SIZE", "PileFormatError", "CorruptStreamError", "ReadStats", "write_jsonl_zst",
-         "read_jsonl_zst", "TEXT_SUFFIXES", "SHARD_SUFFIXES", "skipped_files_note", "load_corpus",
-         "pile_main"]
+    PileFormatError, CorruptStreamError, ReadStats, write_jsonl_zst, read_jsonl_zst)
+from .pile_corpus import load_corpus
 
 # %% auto #0
 __all__ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MINI_PILE_SUBSETS', 'SPLITS', 'PileSubset',
            'pile_set_name', 'filter_subsets', 'SubsetCount', 'count_subsets', 'merge_counts', 'composition_table',
-           'format_table', 'split_of', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile',
-           'MAX_WINDOW_SIZE', 'PileFormatError', 'CorruptStreamError', 'ReadStats', 'write_jsonl_zst', 'read_jsonl_zst',
-           'TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'skipped_files_note', 'load_corpus', 'pile_main']
+           'split_of']
 
 # %% ../nbs/60_pile_format.ipynb #7cada6c8
 @dataclass(frozen=True)
@@ -125,18 +116,6 @@ def composition_table(counts: dict[str, SubsetCount]) -> list[dict]:
                  "mean_doc_kib": (total if nd else 0) / max(nd, 1) / 1024})
     return rows
 
-def format_table(rows: list[dict], floats: str = ".2f") -> str:
-    "An aligned text table of a list of dicts (same keys), as the CLI prints it."
-    if not rows: return "(empty)"
-    keys = list(rows[0])
-    cell = lambda v: format(v, floats) if isinstance(v, float) else str(v)
-    cols = [[k] + [cell(r[k]) for r in rows] for k in keys]
-    w = [max(map(len, c)) for c in cols]
-    def fmt(vals):
-        return "  ".join(v.rjust(w[i]) if i else v.ljust(w[i]) for i, v in enumerate(vals)).rstrip()
-    body = [fmt([c[j] for c in cols]) for j in range(1, len(rows) + 1)]
-    return "\n".join([fmt(keys), fmt(["-" * x for x in w])] + body)
-
 # %% ../nbs/60_pile_format.ipynb #e5eb30f9
 MINI_PILE_SUBSETS = ("Github", "PyPI READMEs", "Python docs", "Licenses", "Debian changelogs")
 SPLITS = ("train", "val", "test")
@@ -147,137 +126,3 @@ def split_of(text: str, val_pct: float = 10.0, test_pct: float = 10.0) -> str:
     digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
     h = int.from_bytes(digest[:8], "big") % 10_000 / 100
     return "test" if h < test_pct else "val" if h < test_pct + val_pct else "train"
-
-def _metadata_description(p: Path) -> str | None:
-    "The long description (README) in a dist-info METADATA file: the body after the header block."
-    t = _read_text(p)
-    if t is None: return None
-    head, sep, body = t.partition("\n\n")
-    return body if body.strip() else None
-
-# %% ../nbs/60_pile_format.ipynb #70d92315
-def mini_pile_sources(subsets: Iterable[str] = MINI_PILE_SUBSETS) -> Iterator[tuple]:
-    "`(pile_set_name, source, load)` candidates for each subset: `load()` returns the text or None."
-    stdlib, purelib = Path(sysconfig.get_paths()["stdlib"]), Path(sysconfig.get_paths()["purelib"])
-    subsets = set(subsets)
-    if "Github" in subsets:
-        files = []
-        for root, dirs, names in os.walk(stdlib):
-            skip = ("site-packages", "dist-packages", "__pycache__")
-            dirs[:] = [d for d in dirs if d not in skip]
-            files += [Path(root)/n for n in names if n.endswith(".py")]
-        for p in sorted(files):
-            src = f"python-stdlib/{p.relative_to(stdlib).as_posix()}"
-            yield "Github", src, (lambda p=p: _read_text(p))
-    dists = sorted(purelib.glob("*.dist-info")) if purelib.is_dir() else []
-    if "PyPI READMEs" in subsets:
-        for d in dists:
-            load = lambda p=d/"METADATA": _metadata_description(p)
-            yield "PyPI READMEs", f"site-packages/{d.name}/METADATA", load
-    if "Python docs" in subsets:
-        try: from pydoc_data.topics import topics
-        except ImportError: topics = {}
-        for k in sorted(topics):
-            yield "Python docs", f"pydoc_data.topics:{k}", (lambda v=topics[k]: v)
-    if "Licenses" in subsets:
-        yield from _license_sources(dists, purelib)
-    if "Debian changelogs" in subsets:
-        for p in sorted(Path("/usr/share/doc").glob("*/changelog.Debian.gz")):
-            yield "Debian changelogs", str(p), (lambda p=p: _read_text(p))
-
-def _license_sources(dists: list[Path], purelib: Path) -> Iterator[tuple[str, str, callable]]:
-    "Licence files of the installed packages, then of the system."
-    cands = [p for d in dists for p in sorted(d.rglob("*")) if p.is_file()
-             and any(w in p.name.upper() for w in ("LICEN", "COPYING", "NOTICE"))]
-    cands += sorted(Path("/usr/share/common-licenses").glob("*"))
-    cands += sorted(Path("/usr/share/doc").glob("*/copyright"))
-    for p in cands:
-        local = purelib in p.parents
-        src = f"site-packages/{p.relative_to(purelib).as_posix()}" if local else str(p)
-        yield "Licenses", src, (lambda p=p: _read_text(p) if p.is_file() else None)
-
-# %% ../nbs/60_pile_format.ipynb #0e8f8920
-def mini_pile_records(max_mb_per_subset: float = 4.0, max_doc_kb: float = 256,
-                      subsets: Iterable[str] = MINI_PILE_SUBSETS) -> Iterator[dict]:
-    """Records of the mini-Pile, subset by subset: each subset's candidates in the order of the
-    SHA-1 of their source name, skipping unreadable, empty, too large (`max_doc_kb`) and
-    exact-duplicate texts, until `max_mb_per_subset` MB of UTF-8 text.
-    `meta = {'pile_set_name', 'source'}`."""
-    by_subset: dict[str, list] = {}
-    for name, src, load in mini_pile_sources(subsets):
-        by_subset.setdefault(name, []).append((src, load))
-    seen: set[bytes] = set()
-    for name in [s for s in MINI_PILE_SUBSETS if s in by_subset]:
-        total = 0
-        order = lambda x: hashlib.sha1(x[0].encode()).digest()
-        for src, load in sorted(by_subset[name], key=order):
-            text = load()
-            if not text or not text.strip(): continue
-            nb = len(text.encode("utf-8"))
-            if nb > max_doc_kb * 1024: continue
-            h = hashlib.sha1(text.encode("utf-8")).digest()
-            if h in seen: continue
-            seen.add(h)
-            yield {"text": text, "meta": {"pile_set_name": name, "source": src}}
-            total += nb
-            if total >= max_mb_per_subset * 1e6: break
-
-# %% ../nbs/60_pile_format.ipynb #bde2525f
-def _spool_splits(out_dir: Path, max_mb_per_subset, max_doc_kb, val_pct, test_pct) -> tuple:
-    "`(spool paths, counts)`: the records written to a plain JSON-lines file a split, counted."
-    tmp = {s: out_dir/f".{s}.jsonl" for s in SPLITS}
-    counts = {s: {} for s in SPLITS}
-    fhs = {s: open(p, "wb") for s, p in tmp.items()}
-    try:
-        for r in mini_pile_records(max_mb_per_subset, max_doc_kb):
-            s = split_of(r["text"], val_pct, test_pct)
-            fhs[s].write(_dumps(r))
-            c = counts[s].setdefault(r["meta"]["pile_set_name"], SubsetCount())
-            c.docs += 1
-            c.bytes += len(r["text"].encode("utf-8"))
-    finally:
-        for f in fhs.values(): f.close()
-    return tmp, counts
-
-# %% ../nbs/60_pile_format.ipynb #c7a4e46e
-def build_mini_pile(out_dir: str | os.PathLike, max_mb_per_subset: float = 4.0,
-                    max_doc_kb: float = 256, val_pct: float = 10.0, test_pct: float = 10.0,
-                    level: int = 3) -> dict[str, Path]:
-    """Write the mini-Pile to `out_dir/{train,val,test}.jsonl.zst` (the Pile's own file names for
-    val/test) and `out_dir/manifest.json` (per split and subset: docs and bytes). Deterministic for
-    a given machine. Returns `{split: path}`. Split by `split_of(text)`. Raises `RuntimeError` if no
-    text source was found."""
-    from course_lib.core import atomic_write
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # one pass over the sources, records spread to per-split plain-text spools, then compressed
-    tmp, counts = _spool_splits(out_dir, max_mb_per_subset, max_doc_kb, val_pct, test_pct)
-    if not any(counts[s] for s in SPLITS):
-        raise RuntimeError("no text found for the mini-Pile (no Python stdlib sources?): "
-                           "pass your own folder to load_corpus")
-    paths = {}
-    for s in SPLITS:
-        paths[s] = out_dir/f"{s}.jsonl.zst"
-        write_jsonl_zst(paths[s], read_jsonl_zst(tmp[s], threaded=False), level=level)
-        tmp[s].unlink()
-    manifest = {s: {k: asdict(v) for k, v in counts[s].items()} for s in SPLITS}
-    with atomic_write(out_dir/"manifest.json", "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    return paths
-
-# %% ../nbs/60_pile_format.ipynb #70b6427e
-def mini_pile(max_mb_per_subset: float = 4.0, max_doc_kb: float = 256,
-              rebuild: bool = False) -> dict[str, Path]:
-    """The mini-Pile from the course cache (`cache_dir('pile', ...)`, keyed by its settings), built
-    once under a file lock."""
-    from course_lib.core import cache_dir
-    from course_lib.cache import cache_key, cache_lock
-    setting = {"max_mb_per_subset": max_mb_per_subset, "max_doc_kb": max_doc_kb}
-    key = f"mini-pile-{max_mb_per_subset:g}mb-" + cache_key("mini_pile", setting, code_version=1)
-    d = cache_dir("pile", key)
-    with cache_lock(d, write=rebuild):     # a read-only cache that holds it: read without a lock
-        paths = {s: d/f"{s}.jsonl.zst" for s in SPLITS}
-        complete = all(p.is_file() for p in paths.values()) and (d/"manifest.json").is_file()
-        if rebuild or not complete:
-            paths = build_mini_pile(d, max_mb_per_subset, max_doc_kb)
-    return paths

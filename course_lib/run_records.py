@@ -4,22 +4,21 @@
 
 # %% ../nbs/08_run_records.ipynb #2e63ed95
 from __future__ import annotations
-import ast, json, operator, os, re, time, tomllib
+import ast, json, operator, os, re, sys, time, tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import course_lib
 from .core import atomic_write, read_results
-
-if TYPE_CHECKING:
-    import course_lib.units
+from .units import (Unit, NotebookFailed, check_profiles, notebook_parameters,
+                              results_table, run_notebook)
 
 # %% auto #0
 __all__ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME', 'code_version', 'notebook_hash',
-           'machine_description', 'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'recorded_run',
-           'run_seconds', 'format_value', 'unit_bars', 'eval_bound', 'check_bars', 'stored_results', 'figures_region',
-           'bars_line', 'figure_cell', 'times_line', 'bars_report', 'readme_regions', 'render_readme', 'write_figures',
-           'hand_typed_figures', 'typed_times']
+           'machine_description', 'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'run_units',
+           'recorded_run', 'run_seconds', 'format_value', 'unit_bars', 'eval_bound', 'check_bars', 'is_gpu_run',
+           'stored_results', 'stored_runs', 'figures_region', 'bars_line', 'figure_cell', 'times_line', 'bars_report',
+           'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures', 'typed_times']
 
 # %% ../nbs/08_run_records.ipynb #4ad7932e
 def code_version() -> str:
@@ -88,7 +87,6 @@ def stamp_executed(executed: Path, nb: Path, info: dict[str, Any], params: dict[
 def stamp_matches(executed: dict, nb: Path, profile: str, params: dict[str, Any]) -> bool:
     """True when the executed notebook (a dict) ran `nb` as it is now, with `profile` and `params`,
     on the `course_lib` code installed now."""
-    from course_lib.units import notebook_parameters     # units imports this module
     s = executed.get("metadata", {}).get("course_lib", {})
     declared = notebook_parameters(nb)
     want = {k: v for k, v in params.items() if k in declared}
@@ -96,10 +94,54 @@ def stamp_matches(executed: dict, nb: Path, profile: str, params: dict[str, Any]
             and s.get("notebook") == notebook_hash(nb) and s.get("code") == code_version())
 
 
+# %% ../nbs/08_run_records.ipynb #44e887d7
+def _save_times(timings: Path, times: dict):
+    with atomic_write(timings, "w") as f:
+        json.dump(times, f, indent=1)
+
+
+# %% ../nbs/08_run_records.ipynb #d1291d91
+def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = None, echo=print,
+              notebooks: list[Path] | None = None) -> int:
+    """Run `units` in order with `profile`, writing into `out`. Returns the exit code (0 ok, 1 a
+    notebook failed). `notebooks`: run only these, with the profile of the one unit that lists them.
+    Every unit's profiles are checked first (`check_profiles`): a typo stops the run at once. Writes
+    `run.json` (`run_info`) and stamps each executed notebook (`stamp_executed`)."""
+    for u in units:
+        check_profiles(u)
+    out.mkdir(parents=True, exist_ok=True)
+    results, timings, info = out/"results.json", out/"timings.json", run_info(profile)
+    (out/"run.json").write_text(json.dumps(info, indent=1) + "\n")
+    times: dict[str, Any] = json.loads(timings.read_text()) if timings.is_file() else {}
+    todo = [(u, nb) for u in units for nb in (u.notebooks if notebooks is None else notebooks)]
+    for i, (u, nb) in enumerate(todo, 1):
+        echo(f"[{i}/{len(todo)}] {u.name}/{nb.name} ({profile}) ...", flush=True)
+        try:
+            ran = run_notebook(nb, out/u.name/nb.name, u.params(nb, profile), results=results,
+                               artifacts=out/u.name/"artifacts"/nb.stem, timeout=timeout,
+                               progress=sys.stderr.isatty())
+        except NotebookFailed as e:
+            times[nb.stem] = {"status": "failed", "cell": e.cell}
+            _save_times(timings, times)
+            echo(f"FAILED: {u.name}/{nb.name}, cell {e.cell}: {e.ename}: {e.evalue}")
+            echo(f"the executed notebook (with the traceback) is {e.output}; "
+                 f"results so far are in {results}")
+            return 1
+        stamp_executed(out/u.name/nb.name, nb, info, ran["params"])
+        times[nb.stem] = {"status": "ok", "seconds": round(ran["seconds"], 2),
+                          "params": ran["params"]}
+        _save_times(timings, times)
+        echo(f"      ok in {ran['seconds']:.1f} s")
+        if report := bars_report(u, profile, nb.stem, read_results(results).get(nb.stem, {})):
+            echo(report)
+    echo(f"\nresults ({profile} profile) -> {results}")
+    echo(results_table(read_results(results)))
+    return 0
+
 # %% ../nbs/08_run_records.ipynb #20794a0f
 RUN_KEYS = ("profile", "date", "machine")
 
-def recorded_run(unit: course_lib.units.Unit, results: str | Path, **override) -> dict[str, Any]:
+def recorded_run(unit: Unit, results: str | Path, **override) -> dict[str, Any]:
     """`{profile, date, machine, ..., notebooks: {stem: {figure: value}}, seconds: {stem: s}}`: the
     figures of `unit`'s notebooks in `results` (a `results.json`, or the folder of a `course run`),
     with its `run.json`, and each notebook's wall time from `timings.json` (if there is one).
@@ -129,7 +171,7 @@ def recorded_run(unit: course_lib.units.Unit, results: str | Path, **override) -
     seconds = run_seconds(unit, results.parent/"timings.json")
     return {**run, "seconds": seconds} if seconds else run
 
-def run_seconds(unit: course_lib.units.Unit, timings: Path) -> dict[str, float]:
+def run_seconds(unit: Unit, timings: Path) -> dict[str, float]:
     "Wall seconds of each of `unit`'s notebooks that ran to the end, from a run's `timings.json`."
     times = json.loads(timings.read_text()) if timings.is_file() else {}
     return {nb.stem: times[nb.stem]["seconds"] for nb in unit.notebooks
@@ -161,7 +203,7 @@ BAR = re.compile(r"^\s*(<=|>=|<|>)\s*(.+?)\s*$")
 _ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
           ast.Div: operator.truediv}
 
-def unit_bars(unit: course_lib.units.Unit, profile: str = "quick") -> dict[str, dict[str, str]]:
+def unit_bars(unit: Unit, profile: str = "quick") -> dict[str, dict[str, str]]:
     "The bars `{notebook stem: {figure: bound}}` that `unit`'s unit.toml declares for `profile`."
     toml = unit.path/"unit.toml"
     cfg = tomllib.loads(toml.read_text()) if toml.is_file() else {}
@@ -219,6 +261,21 @@ def check_bars(bars: dict[str, str], figures: dict, where: str) -> list[str]:
             bad.append(f"{where}: {name} = {value} misses the bar {op} {expr}{ctx}")
     return bad
 
+# %% ../nbs/08_run_records.ipynb #5066d6cb
+def is_gpu_run(run: dict[str, Any]) -> bool:
+    "True when the machine of the recorded `run` (`machine_description`) names a GPU."
+    return ", GPU " in run.get("machine", "")
+
+def stored_results(unit: Unit, profile: str, gpu: bool = False) -> Path:
+    """Where the recorded run of `profile` that `unit`'s README shows is kept:
+    `results-PROFILE.json`, and a run on a GPU beside it in `results-PROFILE-gpu.json`."""
+    return unit.path/f"results-{profile}{'-gpu' if gpu else ''}.json"
+
+def stored_runs(unit: Unit) -> list[tuple[str, dict[str, Any]]]:
+    "`(file name, run)` of each run stored beside `unit`'s `unit.toml`: quick, full, then GPU runs."
+    files = [stored_results(unit, p, gpu) for gpu in (False, True) for p in ("quick", "full")]
+    return [(f.name, json.loads(f.read_text())) for f in files if f.is_file()]
+
 # %% ../nbs/08_run_records.ipynb #53da08d4
 BEGIN = "<!-- figures from {file}: rendered by `course readme {slug}`, do not edit by hand -->"
 END = "<!-- end of figures -->"
@@ -227,13 +284,9 @@ _BEGIN = re.compile(r"<!-- figures from (\S+): rendered by `course readme [^`]*`
 PROFILE_NOTE = {"quick": "the quick profile (the CI check: small runs, not the lesson's figures)",
                 "full": "the full profile (the lesson as meant)"}
 
-def stored_results(unit: course_lib.units.Unit, profile: str) -> Path:
-    "Where the recorded run of `profile` that `unit`'s README shows is kept."
-    return unit.path/f"results-{profile}.json"
-
-def figures_region(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
+def figures_region(unit: Unit, run: dict[str, Any]) -> str:
     "The README region (markers included) showing `run`, the figures of a `recorded_run`."
-    f = stored_results(unit, run["profile"]).name
+    f = stored_results(unit, run["profile"], is_gpu_run(run)).name
     code = f", code {run['code']}" if run.get("code") else ""
     ver = f" (course_lib {run['course_lib']}{code})" if run.get("course_lib") else ""
     stems = ", ".join(run["notebooks"])
@@ -250,7 +303,7 @@ def figures_region(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
     return "\n".join([BEGIN.format(file=f, slug=unit.slug), "", head, "", *times, *bars, *rows, "",
                       END])
 
-def bars_line(unit: course_lib.units.Unit, run: dict[str, Any]) -> str:
+def bars_line(unit: Unit, run: dict[str, Any]) -> str:
     "How many of the bars of `run`'s profile (`unit_bars`) its figures meet, and which they miss."
     bars, n, bad = unit_bars(unit, run["profile"]), 0, []
     for stem, figs in run["notebooks"].items():
@@ -281,7 +334,7 @@ def times_line(run: dict[str, Any]) -> str:
     return (f"Wall time of this run{f' ({at})' if at else ''}: {each}, "
             f"**{sum(secs.values()) / 60:.1f} min** in all.\n")
 
-def bars_report(unit: course_lib.units.Unit, profile: str, stem: str, figures: dict) -> str | None:
+def bars_report(unit: Unit, profile: str, stem: str, figures: dict) -> str | None:
     """What `course run` prints after notebook `stem`: how many of its `profile` bars its recorded
     `figures` meet, and each missed one, or None when the unit declares no bars for it."""
     bars = unit_bars(unit, profile).get(stem, {})
@@ -303,7 +356,7 @@ def readme_regions(text: str) -> list[tuple[int, int, str]]:
         out.append((m.start(), end + len(END), m.group(1)))
     return out
 
-def render_readme(unit: course_lib.units.Unit, text: str, run: dict[str, Any] | None = None) -> str:
+def render_readme(unit: Unit, text: str, run: dict[str, Any] | None = None) -> str:
     """README `text` with its figures region rendered from `run` (a `recorded_run`), or, without
     `run`, each region rendered again from the stored file it names."""
     regions = readme_regions(text)
@@ -312,7 +365,8 @@ def render_readme(unit: course_lib.units.Unit, text: str, run: dict[str, Any] | 
             stored = json.loads((unit.path/name).read_text())
             text = text[:start] + figures_region(unit, stored) + text[end:]
         return text
-    region, name = figures_region(unit, run), stored_results(unit, run["profile"]).name
+    region = figures_region(unit, run)
+    name = stored_results(unit, run["profile"], is_gpu_run(run)).name
     same = [(s, e) for s, e, n in regions if n == name]
     if same:
         return text[:same[0][0]] + region + text[same[0][1]:]
@@ -323,7 +377,7 @@ def render_readme(unit: course_lib.units.Unit, text: str, run: dict[str, Any] | 
 
 
 # %% ../nbs/08_run_records.ipynb #e56505a1
-def write_figures(unit: course_lib.units.Unit, results: str | Path | None = None,
+def write_figures(unit: Unit, results: str | Path | None = None,
                   **override) -> Path:
     """Render `unit`'s README figures: from `results` (storing the `recorded_run` in
     `results-PROFILE.json` first), or again from the stored results. Returns the README's path."""
@@ -331,7 +385,7 @@ def write_figures(unit: course_lib.units.Unit, results: str | Path | None = None
     run = None
     if results is not None:
         run = recorded_run(unit, results, **override)
-        with atomic_write(stored_results(unit, run["profile"]), "w") as f:
+        with atomic_write(stored_results(unit, run["profile"], is_gpu_run(run)), "w") as f:
             f.write(json.dumps(run, indent=1, ensure_ascii=False) + "\n")
     text = readme.read_text() if readme.is_file() else f"# {unit.title}\n"
     new = render_readme(unit, text, run)
@@ -344,7 +398,7 @@ def write_figures(unit: course_lib.units.Unit, results: str | Path | None = None
 # %% ../nbs/08_run_records.ipynb #e109aa6c
 _NUMBER_CELL = re.compile(r"^[\s*±+\-−/.,%x0-9e()]*\d[\s*±+\-−/.,%x0-9e()]*$")
 
-def hand_typed_figures(unit: course_lib.units.Unit, text: str) -> list[str]:
+def hand_typed_figures(unit: Unit, text: str) -> list[str]:
     "Table rows of README `text`, outside its figures regions, that type a recorded figure by hand."
     names = set()
     for f in unit.path.glob("results-*.json"):

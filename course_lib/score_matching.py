@@ -4,146 +4,18 @@
 
 # %% ../nbs/20_score_matching.ipynb #67b666f1
 from __future__ import annotations
-import json, math
-from dataclasses import dataclass, asdict
 from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
 
-from .core import (
-    grad_enabled, cache_dir, load_checkpoint, patch, save_checkpoint, seed_everything)
+from .core import grad_enabled, seed_everything
+# the 2-D test bed (library notebook 24): the mixture with its exact score, the data, the config
+from .score_toys import (GaussianMixture, ToyScoreConfig, check_sigma_range,
+                                   make_mixture, toy_data)
 
 # %% auto #0
-__all__ = ['GaussianMixture', 'make_mixture', 'toy_data', 'dsm_loss', 'ssm_loss', 'ScoreMLP', 'check_sigma_range',
-           'ToyScoreConfig', 'sample_sigmas', 'train_toy_score', 'cached_model_state', 'load_toy_score', 'score_error',
-           'relative_score_errors']
-
-# %% ../nbs/20_score_matching.ipynb #18038440
-class GaussianMixture:
-    """A mixture of isotropic Gaussians in `D` dimensions with closed-form density and score, also
-    after Gaussian perturbation `x_t = a * x0 + sigma * z`.
-
-    `means`: `(K, D)`, `stds`: `(K,)` component standard deviations, `weights`: `(K,)`, positive,
-    summing to 1. Everything is float64 internally (returned in the dtype of the input). Raises
-    `ValueError` for mismatched shapes, non-positive stds or weights that are not a probability
-    vector."""
-    def __init__(self, means, stds, weights):
-        self.means = torch.as_tensor(means, dtype=torch.float64)
-        self.stds = torch.as_tensor(stds, dtype=torch.float64).reshape(-1)
-        self.weights = torch.as_tensor(weights, dtype=torch.float64).reshape(-1)
-        K = self.means.shape[0]
-        if self.means.ndim != 2:
-            raise ValueError(f"means must be (K, D), got shape {tuple(self.means.shape)}")
-        if self.stds.numel() == 1: self.stds = self.stds.expand(K).clone()
-        if self.stds.shape != (K,) or self.weights.shape != (K,):
-            raise ValueError(
-                f"{K} means need {K} stds and weights, got {self.stds.numel()} and"
-                f" {self.weights.numel()}"
-            )
-        if (self.stds <= 0).any():
-            raise ValueError(f"stds must be positive, got {self.stds.tolist()}")
-        if (self.weights <= 0).any() or abs(float(self.weights.sum()) - 1) > 1e-6:
-            raise ValueError(f"weights must be positive and sum to 1, got {self.weights.tolist()}")
-
-    @property
-    def dim(self) -> int: return self.means.shape[1]
-    def __len__(self): return self.means.shape[0]
-    def __repr__(self):
-        return (
-            f"GaussianMixture(K={len(self)}, D={self.dim},"
-            f" weights={[round(w, 3) for w in self.weights.tolist()]})"
-        )
-
-# %% ../nbs/20_score_matching.ipynb #613d7e8c
-@patch
-def sample(self: GaussianMixture, n: int, generator: torch.Generator | None = None,
-           return_labels: bool = False):
-    "`n` samples `(n, D)` float32 (and their component labels `(n,)` int64 if `return_labels`)."
-    dev = generator.device if generator is not None else torch.device("cpu")   # either device
-    z64 = dev.type != "mps"                    # MPS has no float64: drawn in float32 there
-    w = self.weights.to(dev, torch.float64 if z64 else torch.float32)
-    k = torch.multinomial(w, n, replacement=True, generator=generator).cpu()
-    z = torch.randn(n, self.dim, generator=generator, device=dev,
-                    dtype=torch.float64 if z64 else torch.float32).cpu().double()
-    x = (self.means[k] + self.stds[k, None] * z).float()
-    return (x, k) if return_labels else x
-
-# %% ../nbs/20_score_matching.ipynb #943e8058
-@patch
-def _log_components(self: GaussianMixture, x, sigma=0.0, a=1.0):
-    "In float64 on `x`'s device, or on the CPU for an MPS `x` (MPS has no float64)."
-    x = torch.as_tensor(x)
-    host = torch.device("cpu") if x.device.type == "mps" else x.device
-    x = x.to(host, torch.float64)
-    sigma = torch.as_tensor(sigma, dtype=torch.float64, device=host).reshape(-1, 1)  # (B or 1, 1)
-    a = torch.as_tensor(a, dtype=torch.float64, device=host).reshape(-1, 1)
-    means, stds, weights = (t.to(host) for t in (self.means, self.stds, self.weights))
-    var = a**2 * stds[None]**2 + sigma**2                                   # (B, K)
-    diff = x[:, None, :] - a[:, :, None] * means[None]                     # (B, K, D)
-    logc = (weights.log()[None] - 0.5 * self.dim * torch.log(2 * math.pi * var)
-            - 0.5 * (diff**2).sum(-1) / var)
-    return logc, diff, var
-
-def _like(t: torch.Tensor, x) -> torch.Tensor:
-    "`t` on the device and in the dtype of `x`."
-    x = torch.as_tensor(x)
-    return t.to(device=x.device, dtype=x.dtype)
-
-@patch
-def log_prob(self: GaussianMixture, x: torch.Tensor, sigma=0.0, a=1.0) -> torch.Tensor:
-    """log density (nats) of `x` `(B, D)` under the mixture perturbed to `a * x0 + sigma * z`;
-    returns `(B,)`. `sigma`, `a`: floats or `(B,)` tensors."""
-    logc, _, _ = self._log_components(x, sigma, a)
-    return _like(torch.logsumexp(logc, -1), x)
-
-# %% ../nbs/20_score_matching.ipynb #67e522cf
-@patch
-def responsibilities(self: GaussianMixture, x: torch.Tensor, sigma=0.0, a=1.0) -> torch.Tensor:
-    "Posterior component probabilities `r_k(x)`, `(B, K)`."
-    logc, _, _ = self._log_components(x, sigma, a)
-    return _like(torch.softmax(logc, -1), x)
-
-@patch
-def score(self: GaussianMixture, x: torch.Tensor, sigma=0.0, a=1.0) -> torch.Tensor:
-    """The exact score `grad_x log p(x)` `(B, D)` of the perturbed mixture:
-    `sum_k r_k(x) (a mu_k - x) / (a^2 s_k^2 + sigma^2)`."""
-    logc, diff, var = self._log_components(x, sigma, a)
-    r = torch.softmax(logc, -1)                                            # (B, K)
-    return _like((-(r / var)[..., None] * diff).sum(1), x)
-
-# %% ../nbs/20_score_matching.ipynb #71b37802
-def make_mixture(kind: str = "four") -> GaussianMixture:
-    """The course's 2-D mixtures. 'four': four unequal components (weights 0.4, 0.3, 0.2, 0.1, std
-    0.4) on a diamond of radius 2.5, so that a sampler that gets the relative weights wrong is
-    caught. 'ring8': eight equal components (std 0.2) on a circle of radius 3. Raises
-    `ValueError` for another `kind`."""
-    if kind == "four":
-        return GaussianMixture([[2.5, 0.0], [0.0, 2.5], [-2.5, 0.0], [0.0, -2.5]], 0.4,
-                               [0.4, 0.3, 0.2, 0.1])
-    if kind == "ring8":
-        ang = torch.arange(8, dtype=torch.float64) * (2 * math.pi / 8)
-        return GaussianMixture(3 * torch.stack([ang.cos(), ang.sin()], 1), 0.2, [1 / 8] * 8)
-    raise ValueError(f"unknown mixture {kind!r}: use 'four' or 'ring8'")
-
-# %% ../nbs/20_score_matching.ipynb #90e37efe
-def toy_data(name: str, n: int, noise: float | None = None, seed: int = 0) -> torch.Tensor:
-    """`n` 2-D points `(n, 2)` float32: 'moons' (`sklearn.datasets.make_moons`), 'swiss_roll' (the
-    2-D section of `make_swiss_roll`), both standardised per axis, or 'mixture'
-    (`make_mixture('four')`). Raises `ValueError` for another name or `n < 1`."""
-    from sklearn.datasets import make_moons, make_swiss_roll
-    if n < 1: raise ValueError(f"n must be positive, got {n}")
-    if name == "mixture":
-        return make_mixture("four").sample(n, torch.Generator().manual_seed(seed))
-    if name == "moons":
-        x, _ = make_moons(n, noise=0.05 if noise is None else noise, random_state=seed)
-    elif name == "swiss_roll":
-        x3, _ = make_swiss_roll(n, noise=0.3 if noise is None else noise, random_state=seed)
-        x = x3[:, [0, 2]]
-    else:
-        raise ValueError(f"unknown toy data set {name!r}: use 'mixture', 'moons' or 'swiss_roll'")
-    x = (x - x.mean(0)) / x.std(0)
-    return torch.as_tensor(x, dtype=torch.float32)
+__all__ = ['dsm_loss', 'ssm_loss', 'ScoreMLP', 'sample_sigmas', 'train_toy_score', 'score_error', 'relative_score_errors']
 
 # %% ../nbs/20_score_matching.ipynb #73180579
 def dsm_loss(score_fn: Callable, x0: torch.Tensor, sigmas: torch.Tensor,
@@ -213,47 +85,6 @@ class ScoreMLP(nn.Module):
         h = torch.cat([x, f.sin(), f.cos()], 1)
         return self.net(h) / sigma[:, None]
 
-# %% ../nbs/20_score_matching.ipynb #4acc282d
-def check_sigma_range(sigma_min: float, sigma_max: float) -> None:
-    "`ValueError` naming both values unless 0 < sigma_min < sigma_max."
-    if not 0 < sigma_min < sigma_max:
-        raise ValueError(f"need 0 < sigma_min < sigma_max, got sigma_min={sigma_min}, "
-                         f"sigma_max={sigma_max}")
-
-@dataclass
-class ToyScoreConfig:
-    """A noise-conditional 2-D score model: data set ('mixture', 'moons', 'swiss_roll'), noise range
-    (sigma drawn log-uniformly in [sigma_min, sigma_max], and the samplers use levels from 0.05,
-    a little inside the range, where the network is accurate), loss ('dsm' with `antithetic`
-    noise, or 'ssm'), optimisation and seed. Raises `ValueError` for an empty noise range, an
-    unknown loss or non-positive steps."""
-    data: str = "mixture"
-    n_data: int = 20000
-    sigma_min: float = 0.02
-    sigma_max: float = 20.0
-    loss: str = "dsm"
-    steps: int = 6000
-    batch_size: int = 512
-    lr: float = 2e-3
-    hidden: int = 128
-    n_layers: int = 3
-    antithetic: bool = True
-    seed: int = 0
-    def __post_init__(self):
-        check_sigma_range(self.sigma_min, self.sigma_max)
-        if self.loss not in ("dsm", "ssm"):
-            raise ValueError(f"loss must be 'dsm' or 'ssm', got {self.loss!r}")
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(
-                f"steps and batch_size must be positive, got {self.steps}, {self.batch_size}"
-            )
-    code_version = 1   # raised when train_toy_score changes what a config trains (not a field)
-
-    def key(self) -> str:
-        "The course-cache key (`cache.cache_key`) of the configuration and `code_version`."
-        from course_lib.cache import cache_key
-        return cache_key("toy_score", self, code_version=self.code_version)
-
 # %% ../nbs/20_score_matching.ipynb #114bc53d
 def sample_sigmas(n: int, sigma_min: float, sigma_max: float,
                   generator: torch.Generator | None = None) -> torch.Tensor:
@@ -285,35 +116,6 @@ def train_toy_score(config: ToyScoreConfig, progress: bool = False) -> tuple[Sco
         sched.step()
         losses.append(loss.item())
     return model.eval(), losses
-
-# %% ../nbs/20_score_matching.ipynb #38a8fce3
-def cached_model_state(path, how: str) -> dict:
-    "The model state of a cached checkpoint; a damaged file is named, with the way to replace it."
-    try: return load_checkpoint(path)[0]["model"]
-    except (ValueError, KeyError) as e:
-        raise ValueError(f"the cached model {path} is damaged ({e}): {how} trains it again and "
-                         "replaces it (or delete the file)") from None
-
-def load_toy_score(config: ToyScoreConfig | None = None, progress: bool = False,
-                   retrain: bool = False) -> ScoreMLP:
-    """The trained toy score model for `config` (default `ToyScoreConfig()`): loaded from
-    `cache_dir('score', 'toy')` if present, else trained with `train_toy_score` and cached
-    (safetensors, file-locked so that parallel runs train it once). `retrain=True` trains again
-    (a `StaleCacheWarning` on a cache hit says when the training code changed since the cached
-    model was made)."""
-    from course_lib.cache import cached, code_fingerprint
-    config = config or ToyScoreConfig()
-    key, code = config.key(), code_fingerprint(train_toy_score)
-    path = cache_dir("score", "toy") / f"{config.data}-{config.loss}-{key}.safetensors"
-    with cached(path, key, code, retrain, "load_toy_score(config, retrain=True)") as hit:
-        if hit:
-            model = ScoreMLP(2, config.hidden, config.n_layers, seed=config.seed)
-            model.load_state_dict(cached_model_state(path, "load_toy_score(config, retrain=True)"))
-            return model.eval()
-        model, losses = train_toy_score(config, progress)
-        save_checkpoint(path, {"model": model.state_dict(), "losses": torch.tensor(losses)},
-                        {"config": json.dumps(asdict(config))})
-    return model
 
 # %% ../nbs/20_score_matching.ipynb #5ea7c358
 @torch.no_grad()

@@ -7,32 +7,19 @@ from __future__ import annotations
 import abc, math
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
-from .score_matching import GaussianMixture
 from .core import patch
+from .score_toys import mixture_score_fn
+# the numerics around the method (library notebook 26): per-sample tensors, noise on any device,
+# the parameter checks, and scipy's solver for the probability-flow ODE and its likelihood
+from .sde_numerics import (as_times, bits_per_dim, check_ve_range, check_vp_range,
+                                     gaussian_logp, ode_likelihood, ode_sampler, per_sample,
+                                     randn_on, time_grid)
 
 # %% auto #0
-__all__ = ['SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 'mixture_score_fn', 've_score_fn', 'euler_maruyama_sampler',
-           'reverse_diffusion_step', 'langevin_corrector_step', 'pc_sampler', 'ode_sampler', 'ode_likelihood',
-           'bits_per_dim']
-
-# %% ../nbs/22_sde.ipynb #ae1b403a
-def _bc(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    "Reshape a per-sample `(B,)` tensor to broadcast against `x` `(B, ...)`."
-    return v.reshape(-1, *[1] * (x.ndim - 1))
-
-def _randn(shape, generator=None, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Standard normal noise `shape` in `dtype`, drawn on the device of `generator` (a CPU or a GPU
-    generator: either works) and returned on `device` (default: where it was drawn)."""
-    src = generator.device if generator is not None else (device or "cpu")
-    z = torch.randn(*shape, generator=generator, dtype=dtype, device=src)
-    return z if device is None else z.to(device)
-
-def _as_t(t, x: torch.Tensor) -> torch.Tensor:
-    "Times as a `(B,)` tensor in the dtype and device of `x`."
-    return torch.as_tensor(t, dtype=x.dtype, device=x.device).expand(x.shape[0])
+__all__ = ['SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler', 'reverse_diffusion_step',
+           'langevin_corrector_step', 'pc_sampler']
 
 # %% ../nbs/22_sde.ipynb #b0376425
 class SDE(abc.ABC):
@@ -87,18 +74,13 @@ class ReverseSDE:
     def sde(self, x, t):
         drift, diffusion = self.forward.sde(x, t)
         w = 0.5 if self.probability_flow else 1.0
-        drift = drift - _bc(diffusion, x) ** 2 * self.score_fn(x, t) * w
+        drift = drift - per_sample(diffusion, x) ** 2 * self.score_fn(x, t) * w
         return drift, (torch.zeros_like(diffusion) if self.probability_flow else diffusion)
     def discretize(self, x, t):
         f, G = self.forward.discretize(x, t)
         w = 0.5 if self.probability_flow else 1.0
-        rev_f = f - _bc(G, x) ** 2 * self.score_fn(x, t) * w
+        rev_f = f - per_sample(G, x) ** 2 * self.score_fn(x, t) * w
         return rev_f, (torch.zeros_like(G) if self.probability_flow else G)
-
-# %% ../nbs/22_sde.ipynb #3b672697
-def _gaussian_logp(z: torch.Tensor, std: float) -> torch.Tensor:
-    D = z[0].numel()
-    return -0.5 * D * math.log(2 * math.pi * std**2) - z.flatten(1).pow(2).sum(1) / (2 * std**2)
 
 # %% ../nbs/22_sde.ipynb #b23dd7ed
 class VESDE(SDE):
@@ -108,32 +90,27 @@ class VESDE(SDE):
     sigma_max`."""
     def __init__(self, sigma_min: float = 0.01, sigma_max: float = 50.0, N: int = 1000):
         super().__init__(N)
-        if not 0 < sigma_min < sigma_max:
-            raise ValueError(
-                f"VESDE needs 0 < sigma_min < sigma_max, got sigma_min={sigma_min},"
-                f" sigma_max={sigma_max}: sigma_min is the smallest noise level (e.g. 0.01),"
-                " sigma_max about the largest distance between data points"
-            )
+        check_ve_range(sigma_min, sigma_max)
         self.sigma_min, self.sigma_max = float(sigma_min), float(sigma_max)
         self.discrete_sigmas = torch.exp(torch.linspace(math.log(sigma_min), math.log(sigma_max),
                                                         self.N))
     def __repr__(self):
         return f"VESDE(sigma_min={self.sigma_min}, sigma_max={self.sigma_max}, N={self.N})"
     def sde(self, x, t):
-        t = _as_t(t, x)
+        t = as_times(t, x)
         log_ratio = math.log(self.sigma_max) - math.log(self.sigma_min)
         diffusion = self.sigma(t) * math.sqrt(2 * log_ratio)
         return torch.zeros_like(x), diffusion
     def marginal_prob(self, x, t):
-        return x, self.sigma(_as_t(t, x))
+        return x, self.sigma(as_times(t, x))
     def prior_sampling(self, shape, generator=None, device=None):
-        return _randn(shape, generator, device) * self.sigma_max
+        return randn_on(shape, generator, device) * self.sigma_max
     def prior_logp(self, z):
-        return _gaussian_logp(z, self.sigma_max)
+        return gaussian_logp(z, self.sigma_max)
     def discretize(self, x, t):
         """NCSN's chain: `x_i = x_{i-1} + sqrt(sigma_i^2 - sigma_{i-1}^2) z` (Song et al. 2021, eq.
         3 / 45)."""
-        t = _as_t(t, x)
+        t = as_times(t, x)
         i = (t * (self.N - 1) / self.T).round().long().cpu()
         sigma = self.discrete_sigmas[i]
         prev = torch.where(i == 0, torch.zeros_like(sigma),
@@ -155,16 +132,7 @@ class VPSDE(SDE):
     `beta_max / N < 1`."""
     def __init__(self, beta_min: float = 0.1, beta_max: float = 20.0, N: int = 1000):
         super().__init__(N)
-        if not 0 < beta_min <= beta_max:
-            raise ValueError(
-                f"VPSDE needs 0 < beta_min <= beta_max, got beta_min={beta_min},"
-                f" beta_max={beta_max} (the usual values are beta_min=0.1, beta_max=20)"
-            )
-        if beta_max / self.N >= 1:
-            raise ValueError(
-                f"beta_max / N = {beta_max / self.N:g} must be < 1 for the discrete chain: use more"
-                " steps N"
-            )
+        check_vp_range(beta_min, beta_max, self.N)
         self.beta_0, self.beta_1 = float(beta_min), float(beta_max)
         self.discrete_betas = torch.linspace(beta_min / self.N, beta_max / self.N, self.N,
                                              dtype=torch.float64)
@@ -172,26 +140,26 @@ class VPSDE(SDE):
         self.alphas_cumprod = torch.cumprod(self.alphas, 0)
     def __repr__(self): return f"VPSDE(beta_min={self.beta_0}, beta_max={self.beta_1}, N={self.N})"
     def sde(self, x, t):
-        t = _as_t(t, x)
+        t = as_times(t, x)
         beta = self.beta(t)
-        return -0.5 * _bc(beta, x) * x, beta.sqrt()
+        return -0.5 * per_sample(beta, x) * x, beta.sqrt()
     def marginal_prob(self, x, t):
-        ab = self.alpha_bar(_as_t(t, x))
-        return _bc(ab.sqrt(), x) * x, (1 - ab).sqrt()
+        ab = self.alpha_bar(as_times(t, x))
+        return per_sample(ab.sqrt(), x) * x, (1 - ab).sqrt()
     def prior_sampling(self, shape, generator=None, device=None):
-        return _randn(shape, generator, device)
+        return randn_on(shape, generator, device)
     def prior_logp(self, z):
-        return _gaussian_logp(z, 1.0)
+        return gaussian_logp(z, 1.0)
 
 # %% ../nbs/22_sde.ipynb #b6e975b3
 @patch
 def discretize(self: VPSDE, x, t):
     """DDPM's chain: `x_i = sqrt(1 - beta_i) x_{i-1} + sqrt(beta_i) z` (Song et al. 2021, eq. 4
     / 45)."""
-    t = _as_t(t, x)
+    t = as_times(t, x)
     i = (t * (self.N - 1) / self.T).round().long().cpu()
     beta = self.discrete_betas[i].to(x)
-    return (_bc((1 - beta).sqrt(), x) - 1) * x, beta.sqrt()
+    return (per_sample((1 - beta).sqrt(), x) - 1) * x, beta.sqrt()
 
 @patch
 def beta(self: VPSDE, t) -> torch.Tensor:
@@ -204,30 +172,12 @@ def alpha_bar(self: VPSDE, t) -> torch.Tensor:
     return torch.exp(-0.5 * t**2 * (self.beta_1 - self.beta_0) - t * self.beta_0)
 
 # %% ../nbs/22_sde.ipynb #fae477de
-def mixture_score_fn(gmm: GaussianMixture, sde: SDE) -> Callable:
-    """The exact score `grad log p_t(x)` `(B, D)` of `gmm` perturbed by `sde` (`VESDE` or `VPSDE`),
-    as `score_fn(x (B, D), t (B,))` for the samplers. Raises `TypeError` for another SDE."""
-    if isinstance(sde, VESDE): return lambda x, t: gmm.score(x, sde.marginal_prob(x, t)[1]).to(x)
-    if isinstance(sde, VPSDE):
-        def fn(x, t):
-            ab = sde.alpha_bar(_as_t(t, x))
-            return gmm.score(x, (1 - ab).sqrt(), ab.sqrt()).to(x)
-        return fn
-    raise TypeError(f"mixture_score_fn knows VESDE and VPSDE, got {type(sde).__name__}")
-
 def ve_score_fn(model: Callable, sde: VESDE) -> Callable:
     """A noise-conditional model `model(x, sigma (B,))` (`ScoreMLP`, `NCSN`) as a time-dependent
     score `score_fn(x, t)` for `sde`."""
     return lambda x, t: model(x, sde.marginal_prob(x, t)[1])
 
 # %% ../nbs/22_sde.ipynb #fd3e17c9
-def _time_grid(sde: SDE, n_steps: int | None, eps: float) -> torch.Tensor:
-    n = sde.N if n_steps is None else int(n_steps)
-    if n < 1: raise ValueError(f"n_steps must be at least 1, got {n_steps}")
-    if not 0 < eps < sde.T:
-        raise ValueError(f"eps (the last time) must be in (0, {sde.T}), got {eps}")
-    return torch.linspace(sde.T, eps, n, dtype=torch.float64)
-
 @torch.no_grad()
 def euler_maruyama_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int],
                            n_steps: int | None = None, eps: float = 1e-3,
@@ -240,7 +190,7 @@ def euler_maruyama_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int],
     code). `score_fn(x (B, ...), t (B,))`. Every tensor follows `x` (or `device`, where the
     model is: the noise is drawn on the generator's device, CPU or GPU). Returns `(B, ...)`."""
     from tqdm.auto import tqdm
-    ts = _time_grid(sde, n_steps, eps)
+    ts = time_grid(sde, n_steps, eps)
     dt = (ts[0] - ts[1]).item() if len(ts) > 1 else sde.T - eps
     x = (sde.prior_sampling(shape, generator, device) if x is None else x).to(dtype)
     rsde = sde.reverse(score_fn)
@@ -248,8 +198,8 @@ def euler_maruyama_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int],
         tt = torch.full((x.shape[0],), t, dtype=dtype, device=x.device)
         drift, diffusion = rsde.sde(x, tt)
         x_mean = x - drift * dt
-        z = _randn(x.shape, generator, x.device, dtype)
-        x = x_mean + _bc(diffusion, x) * math.sqrt(dt) * z
+        z = randn_on(x.shape, generator, x.device, dtype)
+        x = x_mean + per_sample(diffusion, x) * math.sqrt(dt) * z
     return x_mean
 
 # %% ../nbs/22_sde.ipynb #02eb36a3
@@ -261,8 +211,8 @@ def reverse_diffusion_step(sde: SDE, score_fn: Callable, x: torch.Tensor, t: tor
     `(x, x_mean)`."""
     rev_f, rev_G = sde.reverse(score_fn).discretize(x, t)
     x_mean = x - rev_f
-    if z is None: z = _randn(x.shape, generator, x.device, x.dtype)
-    return x_mean + _bc(rev_G, x) * z, x_mean
+    if z is None: z = randn_on(x.shape, generator, x.device, x.dtype)
+    return x_mean + per_sample(rev_G, x) * z, x_mean
 
 # %% ../nbs/22_sde.ipynb #dff141d5
 @torch.no_grad()
@@ -275,12 +225,12 @@ def langevin_corrector_step(sde: SDE, score_fn: Callable, x: torch.Tensor, t: to
         alpha = sde.alphas[i].to(x)
     else: alpha = torch.ones_like(t)
     score = score_fn(x, t)
-    z = _randn(x.shape, generator, x.device, x.dtype)
+    z = randn_on(x.shape, generator, x.device, x.dtype)
     grad_norm = score.flatten(1).norm(dim=1).mean()
     noise_norm = z.flatten(1).norm(dim=1).mean()
     step = 2 * alpha * (snr * noise_norm / grad_norm) ** 2
-    x_mean = x + _bc(step, x) * score
-    return x_mean + _bc((2 * step).sqrt(), x) * z, x_mean
+    x_mean = x + per_sample(step, x) * score
+    return x_mean + per_sample((2 * step).sqrt(), x) * z, x_mean
 
 # %% ../nbs/22_sde.ipynb #2862db41
 @torch.no_grad()
@@ -299,7 +249,7 @@ def pc_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int], n_steps: int 
             f"pc_sampler steps through the SDE's own discretisation: build the SDE with N={n_steps}"
             f" (it has N={sde.N})"
         )
-    ts = _time_grid(sde, None, eps)
+    ts = time_grid(sde, None, eps)
     x = (sde.prior_sampling(shape, generator, device) if x is None else x).to(dtype)
     for t in tqdm(ts.tolist(), disable=not progress, desc="predictor-corrector"):
         tt = torch.full((x.shape[0],), t, dtype=dtype, device=x.device)
@@ -307,118 +257,3 @@ def pc_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int], n_steps: int 
             x, _ = langevin_corrector_step(sde, score_fn, x, tt, snr, generator)
         x, x_mean = reverse_diffusion_step(sde, score_fn, x, tt, generator=generator)
     return x_mean
-
-# %% ../nbs/22_sde.ipynb #5524bcd0
-def _ode_fn(rsde: ReverseSDE, shape, dtype, device=None):
-    def fn(t, y):
-        x = torch.as_tensor(y[: int(np.prod(shape))], dtype=dtype, device=device).reshape(shape)
-        tt = torch.full((shape[0],), t, dtype=dtype, device=device)
-        with torch.no_grad(): drift, _ = rsde.sde(x, tt)
-        return drift.cpu().double().flatten().numpy()
-    return fn
-
-def ode_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int] | None = None,
-                z: torch.Tensor | None = None, rtol: float = 1e-5, atol: float = 1e-5,
-                eps: float = 1e-3, method: str = "RK45", generator: torch.Generator | None = None,
-                dtype=torch.float32, device=None) -> tuple[torch.Tensor, int]:
-    """Sample by integrating the probability-flow ODE (Song et al. 2021, eq. 13) from `t = T` (start
-    `z`, default `sde.prior_sampling(shape)`) to `t = eps` with `scipy.integrate.solve_ivp`
-    (`method`, default adaptive RK45, tolerances `rtol`, `atol`). `score_fn(x (B, ...), t (B,))`.
-    The score runs on `device` (default: that of `z`), and the solver's float64 state stays on
-    the CPU. Returns `(x (B, ...), nfe)`, the number of score evaluations. Raises `ValueError`
-    if neither `shape` nor `z` is given, `RuntimeError` if the solver fails."""
-    from scipy.integrate import solve_ivp
-    if z is None:
-        if shape is None: raise ValueError("ode_sampler needs the sample shape or a starting z")
-        z = sde.prior_sampling(shape, generator, device)
-    shape, device = tuple(z.shape), (z.device if device is None else torch.device(device))
-    fn = _ode_fn(sde.reverse(score_fn, probability_flow=True), shape, dtype, device)
-    # scipy's solver state is float64 on the CPU (an explicit CPU step: MPS has no float64)
-    y0 = z.detach().cpu().double().flatten().numpy()
-    sol = solve_ivp(fn, (sde.T, eps), y0, rtol=rtol, atol=atol, method=method)
-    if not sol.success: raise RuntimeError(f"the ODE solver failed: {sol.message}")
-    x = torch.as_tensor(sol.y[:, -1], dtype=dtype).reshape(shape)
-    return x.to(device), int(sol.nfev)
-
-# %% ../nbs/22_sde.ipynb #b12b16af
-def _divergence(drift: torch.Tensor, xt: torch.Tensor, v: torch.Tensor | None,
-                n_probes: int) -> torch.Tensor:
-    """The divergence `(B,)` of `drift(xt)` with respect to `xt` `(B, ...)`: the Skilling-Hutchinson
-    estimate `mean_k v_k^T (d drift / d x) v_k` over the probes `v` `(n_probes, B, ...)` (one
-    backward pass each), or exact with `v=None` (one backward pass per dimension)."""
-    if v is not None:
-        div = 0
-        for k in range(n_probes):
-            (vjp,) = torch.autograd.grad((drift * v[k]).sum(), xt, retain_graph=k < n_probes - 1)
-            div = div + (vjp * v[k]).flatten(1).sum(1) / n_probes
-        return div
-    B, D = xt.shape[0], xt[0].numel()
-    flat = drift.reshape(B, D)
-    return sum(torch.autograd.grad(flat[:, d].sum(), xt,
-                                   retain_graph=d < D - 1)[0].reshape(B, D)[:, d] for d in range(D))
-
-def _likelihood_fn(rsde: ReverseSDE, shape: tuple, v: torch.Tensor | None, n_probes: int, dtype,
-                   device=None):
-    """The right-hand side `[drift, divergence]` of the ODE for `x` and its log density, for
-    `solve_ivp`."""
-    B, n = shape[0], int(np.prod(shape))
-    def fn(t, y):
-        xt = torch.as_tensor(y[:n], dtype=dtype, device=device).reshape(shape)
-        tt = torch.full((B,), t, dtype=dtype, device=device)
-        with torch.enable_grad():
-            xt.requires_grad_(True)
-            drift, _ = rsde.sde(xt, tt)
-            div = _divergence(drift, xt, v, n_probes)
-        drift = drift.detach().cpu().double().flatten().numpy()
-        div = div.detach().cpu().double().numpy()
-        return np.concatenate([drift, div])
-    return fn
-
-# %% ../nbs/22_sde.ipynb #8d018f96
-def ode_likelihood(sde: SDE, score_fn: Callable, x: torch.Tensor, trace: str = "auto",
-                   noise: str = "rademacher", n_probes: int = 1, rtol: float = 1e-5,
-                   atol: float = 1e-5, eps: float = 1e-5, method: str = "RK45",
-                   generator: torch.Generator | None = None,
-                   dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Negative log-likelihood (nats, per sample) of `x` `(B, ...)` under the probability-flow ODE
-    of `sde` and `score_fn` (Song et al. 2021, eq. 39 and appendix D.2): integrate `[x, int div
-    f~ dt]` from `t = eps` to `T` with `solve_ivp` and return `-(prior_logp(x(T)) + int div f~
-    dt)`.
-
-    `trace`: 'exact' (one backward pass per dimension), 'hutchinson' (the Skilling-Hutchinson
-    estimator with `n_probes` `noise` probes, 'rademacher' or 'gaussian', fixed along each
-    trajectory: unbiased, but one Gaussian probe spreads a 2-D point's NLL by several nats) or
-    'auto' (exact for `D <= 16` dimensions, Hutchinson above). Rademacher is the default probe, as
-    in score_sde_pytorch's `likelihood.py`. The score runs on the device of `x`, and the solver's
-    state and `nll` are float64 on the CPU. Returns `(nll (B,) float64 in nats, z = x(T) (B, ...)
-    on x's device, nfe)`. Raises `ValueError` for an unknown `trace` or `noise`."""
-    from scipy.integrate import solve_ivp
-    if trace not in ("auto", "hutchinson", "exact"):
-        raise ValueError(f"trace must be 'auto', 'hutchinson' or 'exact', got {trace!r}")
-    if noise not in ("gaussian", "rademacher"):
-        raise ValueError(f"noise must be 'gaussian' or 'rademacher', got {noise!r}")
-    shape = tuple(x.shape)
-    B, n = shape[0], int(np.prod(shape))
-    if trace == "auto": trace = "exact" if n // B <= 16 else "hutchinson"
-    v = None
-    if trace == "hutchinson":
-        v = _randn((n_probes, *shape), generator, x.device, dtype)
-        if noise == "rademacher": v = v.sign()
-    rsde = sde.reverse(score_fn, probability_flow=True)
-    fn = _likelihood_fn(rsde, shape, v, n_probes, dtype, x.device)
-    # scipy's state is float64 on the CPU (an explicit CPU step: MPS has no float64)
-    y0 = np.concatenate([x.detach().cpu().double().flatten().numpy(), np.zeros(B)])
-    sol = solve_ivp(fn, (eps, sde.T), y0, rtol=rtol, atol=atol, method=method)
-    if not sol.success: raise RuntimeError(f"the ODE solver failed: {sol.message}")
-    z = torch.as_tensor(sol.y[:n, -1]).reshape(shape)
-    delta_logp = torch.as_tensor(sol.y[n:, -1])
-    nll = -(sde.prior_logp(z) + delta_logp)       # float64, on the CPU
-    return nll, z.to(dtype).to(x.device), int(sol.nfev)
-
-# %% ../nbs/22_sde.ipynb #f7f8c029
-def bits_per_dim(nll: torch.Tensor, dim: int, offset: float = 7.0) -> torch.Tensor:
-    """Bits per dimension of a negative log-likelihood `nll` (nats, per sample) of `dim`-dimensional
-    data: `nll / (dim ln 2) + offset`. `offset=7` converts a density of data in [-1, 1]
-    dequantised from 256 levels into the discrete 8-bit likelihood (as `likelihood.py` of
-    score_sde_pytorch does). Use 0 for a continuous density."""
-    return nll / (dim * math.log(2)) + offset

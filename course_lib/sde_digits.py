@@ -10,10 +10,15 @@ from typing import Callable
 import torch
 
 from .core import patch
-from .sde import SDE, _bc, _as_t, _gaussian_logp, _randn
+from .sde import SDE
+# the numerics around the method (library notebook 26): per-sample tensors, noise and float64 on
+# any device, the network on its own device, and the dequantisation of 8-bit images
+from .sde_numerics import (as_times, cpu64, dequantize, gaussian_logp,
+                                     generator_device, network_output, per_sample, randn64,
+                                     randn_on)
 
 # %% auto #0
-__all__ = ['ScheduleVPSDE', 'ddpm_score_fn', 'dequantize', 'ddpm_vs_sde_step', 'sample_three_ways', 'ddpm_elbo_bpd']
+__all__ = ['ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd']
 
 # %% ../nbs/23_sde_digits.ipynb #40f068c8
 class ScheduleVPSDE(SDE):
@@ -48,16 +53,12 @@ class ScheduleVPSDE(SDE):
     def T(self) -> float: return self._T
 
 # %% ../nbs/23_sde_digits.ipynb #7d703151
-def _t64(t) -> torch.Tensor:
-    "Times as float64 on the CPU (from any device)."
-    return torch.as_tensor(t).detach().to("cpu", torch.float64)
-
 @patch
 def log_alpha_bar(self: ScheduleVPSDE, t) -> torch.Tensor:
     """`log alpha_bar(t)`, piecewise linear, `t` clamped to [0, 1]. Like `beta` and
     `model_timestep`, float64 on the CPU, where the tables are (MPS has no float64): callers move
     the result to `x` (`.to(x)`)."""
-    t = _t64(t).clamp(0, 1)
+    t = cpu64(t).clamp(0, 1)
     u = t * self.n_train
     i = u.floor().long().clamp(max=self.n_train - 1)
     w = u - i
@@ -69,7 +70,7 @@ def alpha_bar(self: ScheduleVPSDE, t) -> torch.Tensor: return self.log_alpha_bar
 @patch
 def beta(self: ScheduleVPSDE, t) -> torch.Tensor:
     "`beta(t) = -d log alpha_bar / dt` (piecewise constant: `-N log alpha_i` on step i)."
-    t = _t64(t).clamp(0, 1)
+    t = cpu64(t).clamp(0, 1)
     i = (t * self.n_train).ceil().long().clamp(1, self.n_train)
     return -(self._log_ab[i] - self._log_ab[i - 1]) * self.n_train
 
@@ -77,43 +78,36 @@ def beta(self: ScheduleVPSDE, t) -> torch.Tensor:
 def model_timestep(self: ScheduleVPSDE, t) -> torch.Tensor:
     """The DDPM timestep index of time `t` (fractional between grid points): `t N - 1`, clamped
     to [0, N - 1]."""
-    t = _t64(t)
+    t = cpu64(t)
     return (t * self.n_train - 1).clamp(0, self.n_train - 1)
 
 # %% ../nbs/23_sde_digits.ipynb #ac1b45db
 @patch
 def sde(self: ScheduleVPSDE, x, t):
-    beta = self.beta(_as_t(t, x)).to(x)
-    return -0.5 * _bc(beta, x) * x, beta.sqrt()
+    beta = self.beta(as_times(t, x)).to(x)
+    return -0.5 * per_sample(beta, x) * x, beta.sqrt()
 
 @patch
 def marginal_prob(self: ScheduleVPSDE, x, t):
-    ab = self.alpha_bar(_as_t(t, x)).to(x)
-    return _bc(ab.sqrt(), x) * x, (1 - ab).sqrt()
+    ab = self.alpha_bar(as_times(t, x)).to(x)
+    return per_sample(ab.sqrt(), x) * x, (1 - ab).sqrt()
 
 @patch
 def prior_sampling(self: ScheduleVPSDE, shape, generator=None, device=None):
-    return _randn(shape, generator, device)
+    return randn_on(shape, generator, device)
 
 @patch
-def prior_logp(self: ScheduleVPSDE, z): return _gaussian_logp(z, 1.0)
+def prior_logp(self: ScheduleVPSDE, z): return gaussian_logp(z, 1.0)
 
 @patch
 def discretize(self: ScheduleVPSDE, x, t):
     """DDPM's chain over `M` steps: `x_t = sqrt(alpha) x_{t - 1/M} + sqrt(1 - alpha) z`, `alpha
     = alpha_bar(t) / alpha_bar(t - 1/M)`."""
-    t = _as_t(t, x)
+    t = as_times(t, x)
     alpha = (self.log_alpha_bar(t) - self.log_alpha_bar(t - 1.0 / self.N)).exp().to(x)
-    return (_bc(alpha.sqrt(), x) - 1) * x, (1 - alpha).sqrt()
+    return (per_sample(alpha.sqrt(), x) - 1) * x, (1 - alpha).sqrt()
 
 # %% ../nbs/23_sde_digits.ipynb #510c37f2
-def _network(model: Callable, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """`model(x, t).sample` computed on the model's device (a GPU, while the solver's arithmetic
-    stays where `x` is), returned on `x`'s device in `x`'s dtype."""
-    p = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
-    dev, dt = (p.device, p.dtype) if p is not None else (x.device, x.dtype)
-    return model(x.to(dev, dt), t.to(dev, dt)).sample.to(x.device, x.dtype)
-
 def ddpm_score_fn(model: Callable, sde: ScheduleVPSDE,
                   prediction_type: str = "epsilon") -> Callable:
     """A DDPM network (`model(x, timestep).sample`, e.g. a diffusers `UNet2DModel` from unit 1) as
@@ -127,21 +121,12 @@ def ddpm_score_fn(model: Callable, sde: ScheduleVPSDE,
             f"prediction_type must be 'epsilon' or 'v_prediction', got {prediction_type!r}"
         )
     def score_fn(x, t):
-        t = _as_t(t, x)
-        out = _network(model, x, sde.model_timestep(t))
-        ab = _bc(sde.alpha_bar(t).to(x), x)
+        t = as_times(t, x)
+        out = network_output(model, x, sde.model_timestep(t))
+        ab = per_sample(sde.alpha_bar(t).to(x), x)
         eps = out if prediction_type == "epsilon" else ab.sqrt() * out + (1 - ab).sqrt() * x
         return -eps / (1 - ab).sqrt()
     return score_fn
-
-# %% ../nbs/23_sde_digits.ipynb #0d8b8ea2
-def dequantize(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Uniform dequantisation of uint8 images `(B, ...)` in [0, 255] to float32 in [-1, 1]: `2 (x +
-    u) / 256 - 1`, `u ~ U[0, 1)`. With it the continuous NLL plus `D log(128)` bounds the
-    discrete 8-bit NLL (`bits_per_dim` offset 7). Raises `TypeError` for a non-uint8 input."""
-    if x.dtype != torch.uint8: raise TypeError(f"dequantize expects uint8 images, got {x.dtype}")
-    u = torch.rand(x.shape, generator=generator)
-    return 2 * (x.float() + u) / 256 - 1
 
 # %% ../nbs/23_sde_digits.ipynb #cabc1aa3
 @torch.no_grad()
@@ -166,30 +151,6 @@ def ddpm_vs_sde_step(eps: torch.Tensor, x: torch.Tensor, sde: ScheduleVPSDE, t: 
         "euler_maruyama": (em, math.sqrt(beta * dt)),
     }
 
-# %% ../nbs/23_sde_digits.ipynb #67d7ec8a
-@torch.no_grad()
-def sample_three_ways(score_fn: Callable, sde: ScheduleVPSDE, x: torch.Tensor,
-                      generator: torch.Generator | None = None,
-                      progress: bool = False) -> dict[str, torch.Tensor]:
-    """Run DDPM's ancestral sampler, the reverse-diffusion predictor and Euler-Maruyama (see
-    `ddpm_vs_sde_step`) over the `sde.N` steps from `t = 1` to 0, from the same `x` `(B, ...)`
-    (`x_T`) and with the same noise at every step. The last step adds no noise. Returns `{'ddpm',
-    'reverse_diffusion', 'euler_maruyama'}` -> samples `(B, ...)` (unclipped)."""
-    from tqdm.auto import tqdm
-    xs = {k: x.clone() for k in ("ddpm", "reverse_diffusion", "euler_maruyama")}
-    B = x.shape[0]
-    for k in tqdm(range(sde.N, 0, -1), disable=not progress, desc="three samplers"):
-        t = k / sde.N
-        if k > 1: z = _randn(x.shape, generator, x.device, x.dtype)
-        else: z = torch.zeros_like(x)
-        tt = torch.full((B,), t, dtype=x.dtype, device=x.device)
-        std = float((1 - sde.alpha_bar(t)).sqrt())
-        for name in xs:
-            eps = -score_fn(xs[name], tt) * std
-            mean, s = ddpm_vs_sde_step(eps, xs[name], sde, t)[name]
-            xs[name] = mean + s * z
-    return xs
-
 # %% ../nbs/23_sde_digits.ipynb #62d25c09
 def _discretized_gaussian_nll(x0: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
     """-log P(x0) of data on the 256 levels of [-1, 1] under N(mean, std^2) integrated over each
@@ -201,15 +162,6 @@ def _discretized_gaussian_nll(x0: torch.Tensor, mean: torch.Tensor, std: float) 
     return -(upper - lower).clamp(min=1e-12).log().flatten(1).sum(1)
 
 # %% ../nbs/23_sde_digits.ipynb #fb8e60c7
-def _gdev(generator) -> torch.device:
-    return generator.device if generator is not None else torch.device("cpu")
-
-def _randn64(shape, generator=None) -> torch.Tensor:
-    "float64 normal noise on the CPU, drawn on the generator's device (float32 there on MPS)."
-    dev = _gdev(generator)
-    dt = torch.float32 if dev.type == "mps" else torch.float64
-    return torch.randn(shape, generator=generator, device=dev, dtype=dt).cpu().double()
-
 def _elbo_middle(eps_hat: Callable, ab: torch.Tensor, betas: torch.Tensor, x: torch.Tensor,
                  n_t: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """`sum_{t=2..N} L_{t-1}` (nats, `(B,)`) for images `x` `(B, ...)` float64, by stratified Monte
@@ -219,14 +171,14 @@ def _elbo_middle(eps_hat: Callable, ab: torch.Tensor, betas: torch.Tensor, x: to
     L_mid = torch.zeros(B, dtype=torch.float64)
     edges = torch.linspace(1, N - 1, n_t + 1)
     for j in range(n_t):
-        u = torch.rand(B, generator=generator, device=_gdev(generator)).cpu()
+        u = torch.rand(B, generator=generator, device=generator_device(generator)).cpu()
         t = (edges[j] + (edges[j + 1] - edges[j]) * u).long().clamp(1, N - 1)
-        eps = _randn64(x.shape, generator)
-        xt = _bc(ab[t].sqrt(), x) * x + _bc((1 - ab[t]).sqrt(), x) * eps
+        eps = randn64(x.shape, generator)
+        xt = per_sample(ab[t].sqrt(), x) * x + per_sample((1 - ab[t]).sqrt(), x) * eps
         e = eps_hat(xt.float(), t)
         # the two means differ by coef (e - eps); the variance is tilde beta_t
-        coef = _bc(betas[t] / (1 - ab[t]).sqrt() / (1 - betas[t]).sqrt(), x)
-        var = _bc((1 - ab[t - 1]) / (1 - ab[t]) * betas[t], x)
+        coef = per_sample(betas[t] / (1 - ab[t]).sqrt() / (1 - betas[t]).sqrt(), x)
+        var = per_sample((1 - ab[t - 1]) / (1 - ab[t]) * betas[t], x)
         L_mid += (coef**2 * (e - eps) ** 2 / (2 * var)).flatten(1).sum(1) * (N - 1) / n_t
     return L_mid
 
@@ -244,8 +196,8 @@ def ddpm_elbo_bpd(model: Callable, schedule, x0: torch.Tensor, prediction_type: 
     ab, betas = schedule.alpha_bar, schedule.betas
     B, D = x0.shape[0], x0[0].numel()
     def eps_hat(xt, t):
-        out = _network(model, xt, t).double()
-        a = _bc(ab[t], xt)
+        out = network_output(model, xt, t).double()
+        a = per_sample(ab[t], xt)
         if prediction_type == "epsilon": return out
         return a.sqrt() * out + (1 - a).sqrt() * xt.double()
     x = x0.detach().to("cpu", torch.float64)   # the float64 sums on the CPU (MPS has none)
@@ -257,7 +209,7 @@ def ddpm_elbo_bpd(model: Callable, schedule, x0: torch.Tensor, prediction_type: 
     # L_0: discretised decoder p(x0 | x1), mean from the model at t = 0
     # (diffusers' index of the first step)
     t0 = torch.zeros(B, dtype=torch.long)
-    eps = _randn64(x.shape, generator)
+    eps = randn64(x.shape, generator)
     x1 = ab[0].sqrt() * x + (1 - ab[0]).sqrt() * eps
     mean = (x1 - betas[0] / (1 - ab[0]).sqrt() * eps_hat(x1.float(), t0)) / (1 - betas[0]).sqrt()
     L_0 = _discretized_gaussian_nll(x, mean, float(betas[0].sqrt()))

@@ -11,7 +11,7 @@ from typing import Callable
 
 from .units import PROFILES, Unit, load_units, find_unit, project_root
 from .run_records import PROFILE_NOTE
-from .units import run_units
+from .run_records import run_units
 from course_lib.site_pages import (
     _code,
     COLAB_BADGE, IMAGE_EXTS, WIDGET_MIME, site_settings, colab_url,
@@ -156,7 +156,7 @@ def execute_missing(units: list[Unit], profile: str, dirs: list[Path], out: Path
                     echo: Callable = print,
                     execute: bool = True) -> tuple[dict[str, Path], list[str]]:
     """`({notebook path: executed copy}, [failures])`: reuse the up-to-date executed copies found in
-    `dirs` (and `runs/*-<profile>/`), execute the other notebooks with `course_lib.units.run_units`
+    `dirs` (and `runs/*-<profile>/`), execute the other notebooks with `run_units` (`run_records`)
     into `out` (unless `execute` is False: their pages then show the code without outputs)."""
     found, failed = {}, []
     for u in units:

@@ -13,14 +13,13 @@ from typing import Any
 import tomllib
 
 import course_lib
-from .core import atomic_write, read_results
-from .run_records import bars_report, run_info, stamp_executed
+from .core import atomic_write
 
 # %% auto #0
 __all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'project_root', 'Unit', 'load_unit', 'load_units',
            'find_unit', 'format_duration', 'MissingExtra', 'import_extra', 'notebook_parameters', 'cell_flags',
            'unavailable_flags', 'drop_flagged_cells', 'current_kernelspec_dir', 'NotebookFailed', 'run_notebook',
-           'check_profiles', 'results_table', 'run_units', 'is_notebook_name', 'find_notebook']
+           'check_profiles', 'results_table', 'is_notebook_name', 'find_notebook']
 
 # %% ../nbs/05_units.ipynb #6fd39da9
 PROFILES = ("quick", "full")
@@ -404,50 +403,6 @@ def results_table(results: dict[str, dict[str, Any]]) -> str:
     w = [max(len(r[i]) for r in rows + [head]) for i in range(3)]
     def line(r): return "  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
     return "\n".join([line(head), line(tuple("-" * x for x in w)), *map(line, rows)])
-
-# %% ../nbs/05_units.ipynb #44e887d7
-def _save_times(timings: Path, times: dict):
-    with atomic_write(timings, "w") as f:
-        json.dump(times, f, indent=1)
-
-
-# %% ../nbs/05_units.ipynb #d1291d91
-def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = None, echo=print,
-              notebooks: list[Path] | None = None) -> int:
-    """Run `units` in order with `profile`, writing into `out`. Returns the exit code (0 ok, 1 a
-    notebook failed). `notebooks`: run only these, with the profile of the one unit that lists them.
-    Every unit's profiles are checked first (`check_profiles`): a typo stops the run at once. Writes
-    `run.json` (`run_info`) and stamps each executed notebook (`stamp_executed`)."""
-    for u in units:
-        check_profiles(u)
-    out.mkdir(parents=True, exist_ok=True)
-    results, timings, info = out/"results.json", out/"timings.json", run_info(profile)
-    (out/"run.json").write_text(json.dumps(info, indent=1) + "\n")
-    times: dict[str, Any] = json.loads(timings.read_text()) if timings.is_file() else {}
-    todo = [(u, nb) for u in units for nb in (u.notebooks if notebooks is None else notebooks)]
-    for i, (u, nb) in enumerate(todo, 1):
-        echo(f"[{i}/{len(todo)}] {u.name}/{nb.name} ({profile}) ...", flush=True)
-        try:
-            ran = run_notebook(nb, out/u.name/nb.name, u.params(nb, profile), results=results,
-                               artifacts=out/u.name/"artifacts"/nb.stem, timeout=timeout,
-                               progress=sys.stderr.isatty())
-        except NotebookFailed as e:
-            times[nb.stem] = {"status": "failed", "cell": e.cell}
-            _save_times(timings, times)
-            echo(f"FAILED: {u.name}/{nb.name}, cell {e.cell}: {e.ename}: {e.evalue}")
-            echo(f"the executed notebook (with the traceback) is {e.output}; "
-                 f"results so far are in {results}")
-            return 1
-        stamp_executed(out/u.name/nb.name, nb, info, ran["params"])
-        times[nb.stem] = {"status": "ok", "seconds": round(ran["seconds"], 2),
-                          "params": ran["params"]}
-        _save_times(timings, times)
-        echo(f"      ok in {ran['seconds']:.1f} s")
-        if report := bars_report(u, profile, nb.stem, read_results(results).get(nb.stem, {})):
-            echo(report)
-    echo(f"\nresults ({profile} profile) -> {results}")
-    echo(results_table(read_results(results)))
-    return 0
 
 # %% ../nbs/05_units.ipynb #8068499e
 def is_notebook_name(key: str, units: list[Unit]) -> bool:

@@ -8,7 +8,6 @@ import copy, io, json, os, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -22,6 +21,9 @@ from .vision_transfer import (digits_task, source_task, target_task, save_model,
                                         random_shift, layer_groups, evaluate, finetune, SYMMETRIES,
                                         square_symmetries, label_augmented, pretrained_source_model)
 from .vision_command import finetune_main
+# timing and export checks: library notebook 56_export_checks
+from .export_checks import (is_oom, cuda_sync, check_close, onnx_metadata, onnx_bytes,
+                                      onnx_max_diff)
 
 # the whole unit's library is reachable from `course_lib.vision`: these imported names are listed
 # in its `__all__` with the ones defined here
@@ -98,25 +100,18 @@ def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return (logits.argmax(-1) == y).sum().item() / len(y)
 
 # %% ../nbs/52_inference_export.ipynb #0e96a20d
-def _is_oom(e: BaseException) -> bool:
-    return (isinstance(e, getattr(torch.cuda, "OutOfMemoryError", ()))
-            or "out of memory" in str(e).lower())
-
-def _sync(device: torch.device):
-    if device.type == "cuda": torch.cuda.synchronize(device)
-
 def images_per_second(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, min_time: float = 0.3,
                       warmup: int = 1) -> float:
     """Throughput of `fn` on the batch `x` in images per second: `warmup` untimed calls, then calls
     until `min_time` seconds have passed (at least 2). CUDA is synchronised around the timing."""
     dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
     for _ in range(warmup): fn(x)
-    _sync(dev)
+    cuda_sync(dev)
     n, t0 = 0, time.perf_counter()
     while True:
         fn(x)
         n += 1
-        _sync(dev)
+        cuda_sync(dev)
         dt = time.perf_counter() - t0
         if dt >= min_time and n >= 2: break
     return n * len(x) / dt
@@ -137,7 +132,7 @@ def choose_batch_size(fn: Callable[[torch.Tensor], Any], input_size: Sequence[in
         x = torch.randn(b, *input_size, device=device)
         try: table[b] = images_per_second(fn, x, min_time=min_time)
         except (RuntimeError, MemoryError) as e:
-            if not _is_oom(e) and not isinstance(e, MemoryError): raise
+            if not is_oom(e) and not isinstance(e, MemoryError): raise
             if device.type == "cuda": torch.cuda.empty_cache()
             break
         finally: del x
@@ -156,14 +151,6 @@ def bf16_supported(device: torch.device) -> bool:
     return device.type == "cpu"
 
 # %% ../nbs/52_inference_export.ipynb #874d49ad
-def _check_close(ref: torch.Tensor, out, what: str, atol: float) -> float:
-    diff = (torch.as_tensor(np.asarray(out)).float() - ref.float()).abs().max().item()
-    if not diff <= atol:
-        raise RuntimeError(
-            f"{what} differs from PyTorch by {diff:.3g} > atol={atol:g}; the export is not faithful"
-            " (check for data-dependent control flow or unsupported ops)")
-    return diff
-
 def export_torchscript(model: nn.Module, path: str | os.PathLike, example: torch.Tensor,
     atol: float = 1e-4, check_batch_sizes: Sequence[int] = (1, 5)) -> tuple[Path, float]:
     """Trace `model` (eval mode, CPU) on `example` `(B, C, H, W)`, save it atomically to `path` and
@@ -183,51 +170,8 @@ def export_torchscript(model: nn.Module, path: str | os.PathLike, example: torch
     with torch.no_grad():
         for b in check_batch_sizes:
             x = torch.randn(b, *example.shape[1:], generator=torch.Generator().manual_seed(b))
-            diff = max(diff, _check_close(model(x), loaded(x), f"TorchScript ({path})", atol))
+            diff = max(diff, check_close(model(x), loaded(x), f"TorchScript ({path})", atol))
     return Path(path), diff
-
-# %% ../nbs/52_inference_export.ipynb #9324b3cc
-def _onnx_metadata(model: nn.Module, size: list[int], metadata: dict[str, Any] | None) -> dict:
-    "The graph's metadata: `metadata` or the model's data config, with `input_size` set to `size`."
-    if metadata is None:
-        cfg = model_data_config(model)
-        if list(cfg["input_size"]) != size: cfg.update(input_size=size, crop_pct=1.0)
-        metadata = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
-    if [int(s) for s in metadata.get("input_size", size)] != size:
-        raise ValueError(f"metadata input_size {list(metadata['input_size'])} but the graph takes "
-                         f"{size} (the example's shape): export with an example of that size")
-    return dict(metadata, input_size=size)
-
-
-# %% ../nbs/52_inference_export.ipynb #5c5f3972
-def _onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int) -> bytes:
-    "`torch.onnx.export` of the CPU, eval-mode `model` traced on `example`, batch axis dynamic."
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (example.cpu(),), buf, input_names=["x"], output_names=["logits"],
-                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
-                          opset_version=opset, dynamo=False)
-    return buf.getvalue()
-
-def _onnx_max_diff(model: nn.Module, sess, path, example: torch.Tensor,
-                   check_batch_sizes: Sequence[int], atol: float) -> float:
-    "Largest |logit difference| of `sess` from `model`; over `atol`, remove `path` and raise."
-    diff = 0.0
-    try:
-        with torch.no_grad():
-            for b in check_batch_sizes:
-                x = torch.randn(b, *example.shape[1:], generator=torch.Generator().manual_seed(b))
-                diff = max(
-                    diff,
-                    _check_close(model(x), sess.run(None, {"x": x.numpy()})[0], f"ONNX ({path})",
-                                 atol),
-                )
-    except RuntimeError:
-        Path(path).unlink(missing_ok=True)
-        raise
-    return diff
-
 
 # %% ../nbs/52_inference_export.ipynb #278f5717
 def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor,
@@ -243,17 +187,16 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor
     (`torch.onnx.export(dynamo=False)`)."""
     import onnx, onnxruntime as ort
     size = [int(s) for s in example.shape[1:]]             # what the graph takes, batch apart
-    meta = _onnx_metadata(model, size, metadata)
+    meta = onnx_metadata(model, size, metadata)
     model = copy.deepcopy(model).cpu().eval()
-    proto = onnx.load_from_string(_onnx_bytes(model, example, opset))
+    proto = onnx.load_from_string(onnx_bytes(model, example, opset))
     for k, v in meta.items():
         p = proto.metadata_props.add()
         p.key, p.value = str(k), json.dumps(v)
     onnx.checker.check_model(proto)
     with atomic_write(path, "wb") as f: f.write(proto.SerializeToString())
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return Path(path), _onnx_max_diff(model, sess, path, example, check_batch_sizes, atol)
-
+    return Path(path), onnx_max_diff(model, sess, path, example, check_batch_sizes, atol)
 
 # %% ../nbs/52_inference_export.ipynb #a9fa836b
 def onnx_session(path: str | os.PathLike, threads: int | None = None):

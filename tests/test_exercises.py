@@ -61,6 +61,10 @@ MISTAKES = {   # name: (a learner's typical wrong answer, words the message must
                        / (1 - b[t]).sqrt() + b[t].sqrt() * z, "adding noise at t = 0"),
     "ddim_step": (lambda e, t, tp, x, a: a[tp].sqrt() * (x - (1 - a[t]).sqrt() * e) / a[t].sqrt()
                   + (1 - a[tp]).sqrt() * e, "alpha_bar[T-1]"),
+    # lesson 10a, the UNet by hand
+    "timestep_embedding": (lambda t, d: E._ref_timestep_embedding(t, d).roll(d // 2, -1), "sines first"),
+    "add_time": (lambda h, e, w, b: h + (e @ w.T + b)[:, :, None, None], "missing SiLU"),
+    "attention": (lambda q, k, v: (q @ k.transpose(-1, -2)).softmax(-1) @ v, "1 / sqrt(d)"),
     "gaussian_score": (lambda x, mu, s: -(x - mu) / s, "sigma instead of sigma^2"),
     "dsm_loss": (lambda f, x0, s, z: 0.5 * (s[:, None] * f(x0 + s[:, None] * z, s) + z).pow(2).mean(),
                  "averaging over dimensions"),
@@ -121,7 +125,7 @@ def _mean_of_docs(ds):
 
 MISTAKES["bpb_per_subset"] = (_mean_of_docs, "averaging per-document")
 
-# unit 7 (guidance, flow matching, FLUX in miniature and its LoRA): checkers in exercises_flow, flux_parts, flux_lora
+# unit 7 (guidance, flow matching, FLUX in miniature and its LoRA): checkers in exercises_flow, flux_parts
 MISTAKES.update({
     "cfg_combine": (lambda c, u, w: c + w * (u - c), "swapping cond and uncond"),
     "drop_labels": (lambda y, d, n: torch.where(d, torch.zeros_like(y), y), "using 0 as the null class"),

@@ -5,8 +5,8 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from course_lib.ddpm import DDPMConfig
-from course_lib.flow import (FlowConfig, euler_sample, euler_step, flow_grid, interpolate, make_flow_model,
-                             sample_flow, sample_time, train_flow, velocity_target)
+from course_lib.flow import euler_sample, euler_step, flow_grid, interpolate, sample_time, velocity_target
+from course_lib.flow_training import FlowConfig, make_flow_model, sample_flow, train_flow
 
 
 def _field(x, t, cond=None):

@@ -1,4 +1,4 @@
-"""course_lib.flux_lora (notebook 73): FLUX LoRA training, resume, export in diffusers' format, bad input.
+"""course_lib.flux_lora (notebook 73) and flux_lora_train (notebook 77): FLUX LoRA training, resume, export in diffusers' format, bad input.
 On notebook 72's FluxPipeline, untrained and small (built offline in a second)."""
 import copy, json, threading
 import pytest
@@ -6,10 +6,12 @@ import torch
 from safetensors import safe_open
 
 from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-from course_lib.flux_lora import (FluxLoRAConfig, FluxLoRADashboard, check_flux_lora_update,
-                                  check_svd_rank, flux_generate, load_flux_lora, lora_state,
-                                  corner_rate, read_concept_folder, reduce_rank, save_flux_lora,
-                                  train_flux_lora, write_corner_folder)
+from course_lib.exercises_flow import check_flux_lora_update, check_svd_rank
+from course_lib.flux_dashboard import FluxLoRADashboard
+from course_lib.flux_lora import corner_rate
+from course_lib.flux_lora_export import load_flux_lora, lora_state, reduce_rank, save_flux_lora
+from course_lib.flux_lora_train import (FluxLoRAConfig, flux_generate, read_concept_folder,
+                                        train_flux_lora, write_corner_folder)
 
 SMALL = dict(num_layers=1, num_single_layers=1, text_layers=1)
 
@@ -203,7 +205,7 @@ def test_dashboard_headless(base, folder, tmp_path):
 
 
 def test_exercise_checkers(capsys):
-    from course_lib.flux_lora import _ref_flux_lora_update, _ref_svd_rank
+    from course_lib.exercises_flow import _ref_flux_lora_update, _ref_svd_rank
     assert check_flux_lora_update(_ref_flux_lora_update).passed
     assert check_svd_rank(_ref_svd_rank).passed
     no_scale = lambda x, W, b, A, B, a: x @ W.T + b + x @ A.T @ B.T
@@ -316,3 +318,23 @@ def test_dashboard_widgets_train_and_draw_the_loss_curve(base, folder, tmp_path,
     assert run.step == 10 and dash.error is None, dash.status.value
     assert bytes(dash.curve.value)[:8] == b"\x89PNG\r\n\x1a\n", "no loss curve drawn"
     assert "error" not in dash.status.value.lower(), dash.status.value
+
+
+@pytest.mark.parametrize("lower, higher", [("flux_lora", "flux_dashboard"), ("flux_lora", "flux_lora_train"),
+                                           ("flux_lora_train", "flux_dashboard"), ("flow", "flow_training"),
+                                           ("flux_io", "flux"), ("flux", "flux_train")])
+def test_unit7_modules_import_one_way(lower, higher):
+    """Layers run one way (issue 29): `lower` never imports `higher`, not even lazily inside a function
+    (flux_lora once handed out the dashboard's names through a module __getattr__)."""
+    import ast, importlib
+    def imported(name):
+        tree = ast.parse(open(importlib.import_module(f"course_lib.{name}").__file__).read())
+        out = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom):
+                mod = ("course_lib." if n.level else "") + (n.module or "")
+                out |= {a.name for a in n.names} if mod in ("course_lib", "course_lib.") else {mod.split(".")[-1]}
+            elif isinstance(n, ast.Import):
+                out |= {a.name.split(".")[-1] for a in n.names if a.name.startswith("course_lib.")}
+        return out
+    assert imported(lower) and higher not in imported(lower)

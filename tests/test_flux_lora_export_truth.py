@@ -79,7 +79,7 @@ def test_export_reloads_each_layers_true_update(base, tmp_path, case):
 
 def test_export_matches_the_reloaded_images(base, tmp_path):
     """The same, end to end: the rsLoRA + patterns adapter exported at its own rank gives the same output."""
-    from course_lib.flux_lora import flux_generate
+    from course_lib.flux_lora_train import flux_generate
     pipe = adapted(base, **CASES["all"])
     fresh = copy.deepcopy(base)
     load_flux_lora(fresh, save_flux_lora(pipe, tmp_path/"a.safetensors", rank=4))
@@ -210,7 +210,8 @@ def test_kohya_text_encoder_keys_renamed_then_checked(base, tmp_path):
 
 def test_add_flux_lora_names_a_target_that_matches_nothing(base):
     """Before, peft adapted the targets that exist and dropped a typo ("to_qq") without a word."""
-    from course_lib.flux_lora import FluxLoRAConfig, add_flux_lora, check_lora_targets
+    from course_lib.flux_lora import add_flux_lora, check_lora_targets
+    from course_lib.flux_lora_train import FluxLoRAConfig
     pipe = copy.deepcopy(base)
     with pytest.raises(ValueError, match=r"entries \['to_qq'\] match no Linear layer of the "
                                          r"FluxTransformer2DModel; its Linear layers .*'attn\.to_q'"):

@@ -8,7 +8,7 @@ import torch
 from course_lib.frechet import (FD_METHODS, FewSamplesWarning, check_features, feature_statistics, fid_from_features,
                                 fid_infinity, frechet_distance)
 from course_lib.isc_kid import inception_score, kid
-from course_lib import metrics
+from course_lib import metrics, metrics_io
 from course_lib.fid_command import fid_main
 
 import torch_fidelity.metric_fid as tf_fid
@@ -204,12 +204,12 @@ def test_bad_images(tmp_path):
 
 def test_statistics_npz_roundtrip(tmp_path):
     mu, s = np.arange(3.0), np.eye(3) * 2
-    p = metrics.save_statistics(tmp_path / "s.npz", mu, s, 10)
-    st = metrics.load_statistics(p)
+    p = metrics_io.save_statistics(tmp_path / "s.npz", mu, s, 10)
+    st = metrics_io.load_statistics(p)
     assert np.array_equal(st["mu"], mu) and np.array_equal(st["sigma"], s) and st["n"] == 10
     np.savez(tmp_path / "bad.npz", m=mu)
     with pytest.raises(ValueError, match="no 'mu' and 'sigma'"):
-        metrics.load_statistics(tmp_path / "bad.npz")
+        metrics_io.load_statistics(tmp_path / "bad.npz")
 
 
 def test_inception_weights_missing_names_the_digits_extractor(monkeypatch, tmp_path):
@@ -217,12 +217,12 @@ def test_inception_weights_missing_names_the_digits_extractor(monkeypatch, tmp_p
     monkeypatch.setenv("COURSE_LIB_INCEPTION_WEIGHTS", str(tmp_path / "nope.pth"))
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     with pytest.raises(OfflineError, match="--extractor digits"):
-        metrics.inception_weights_path()
+        metrics_io.inception_weights_path()
     with pytest.raises(FileNotFoundError):
-        metrics.inception_weights_path(tmp_path / "nope.pth")
+        metrics_io.inception_weights_path(tmp_path / "nope.pth")
     (tmp_path / "w.pth").write_bytes(b"x")
     monkeypatch.setenv("COURSE_LIB_INCEPTION_WEIGHTS", str(tmp_path / "w.pth"))
-    assert metrics.inception_weights_path() == tmp_path / "w.pth"
+    assert metrics_io.inception_weights_path() == tmp_path / "w.pth"
 
 
 def run_cli(argv):
@@ -238,7 +238,7 @@ def test_cli_bad_arguments(tmp_path, monkeypatch):
     assert run_cli([])[0] == 2
     rc, _, err = run_cli([str(tmp_path / "missing"), "digits-train"])
     assert rc == 2 and "does not exist" in err
-    metrics.save_statistics(tmp_path / "a.npz", np.zeros(3), np.eye(3), 5)
+    metrics_io.save_statistics(tmp_path / "a.npz", np.zeros(3), np.eye(3), 5)
     rc, _, err = run_cli([str(tmp_path / "a.npz"), str(tmp_path / "a.npz"), "--kid"])
     assert rc == 2 and "--kid" in err
     rc, _, err = run_cli([str(tmp_path / "a.npz"), "digits-train", "--extractor", "inception"])
@@ -248,8 +248,8 @@ def test_cli_bad_arguments(tmp_path, monkeypatch):
 
 def test_cli_npz_statistics(tmp_path):
     mu1, s1, mu2, s2, exact = gaussians(d=8)
-    metrics.save_statistics(tmp_path / "a.npz", mu1, s1, 100)
-    metrics.save_statistics(tmp_path / "b.npz", mu2, s2, 100)
+    metrics_io.save_statistics(tmp_path / "a.npz", mu1, s1, 100)
+    metrics_io.save_statistics(tmp_path / "b.npz", mu2, s2, 100)
     rc, out, _ = run_cli([str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "--json"])
     assert rc == 0 and rel(json.loads(out)["fid"], exact) < 1e-8
 

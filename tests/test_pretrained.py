@@ -8,7 +8,7 @@ import torch
 
 import course_lib.classifier, course_lib.ddpm_training, course_lib.langevin, course_lib.lm, course_lib.vision_transfer
 import course_lib.ddpm, course_lib.lora_train   # imported before a test patches a trainer (they bind its names)
-import course_lib.flow, course_lib.flux
+import course_lib.flow, course_lib.flux, course_lib.flow_training, course_lib.flux_train
 from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,8 +49,8 @@ def empty_cache(tmp_path, monkeypatch):
     def no_training(*a, **kw): raise AssertionError("trained instead of loading the shipped model")
     for mod, name in [(course_lib.ddpm_training, "train_ddpm"), (course_lib.classifier, "train_digits_classifier"),
                       (course_lib.vision_transfer, "finetune"), (course_lib.lm, "train_tiny_gpt2"),
-                      (course_lib.langevin, "train_ncsn"), (course_lib.flow, "train_flow"),
-                      (course_lib.flux, "train_flux_mini")]:
+                      (course_lib.langevin, "train_ncsn"), (course_lib.flow_training, "train_flow"),
+                      (course_lib.flux_train, "train_flux_mini")]:
         monkeypatch.setattr(mod, name, no_training)
     return tmp_path / "home"
 
@@ -73,8 +73,9 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     from course_lib.langevin import NCSNConfig, load_ncsn
     ncsn = load_ncsn(NCSNConfig())                        # notebook 21's digits NCSN (3,000 steps)
     assert sum(p.numel() for p in ncsn.parameters()) > 1e6 and not ncsn.training
-    from course_lib.flow import FlowConfig, load_pretrained_flow
-    from course_lib.flux import FluxMiniConfig, load_flux_mini
+    from course_lib.flow_training import FlowConfig, load_pretrained_flow
+    from course_lib.flux_io import FluxMiniConfig
+    from course_lib.flux_train import load_flux_mini
     flow = load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()), progress=False)    # lesson 71, quick
     assert flow.history["loss"] and not flow.training
     pipe = load_flux_mini(FluxMiniConfig.quick(), progress=False)                            # lessons 72, 73, quick

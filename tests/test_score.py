@@ -9,7 +9,8 @@ from course_lib.langevin import (LangevinDivergedError, NCSNConfig, annealed_lan
 from course_lib.score_matching import (GaussianMixture, ScoreMLP, ToyScoreConfig, dsm_loss, make_mixture, score_error,
                                        ssm_loss, toy_data)
 from course_lib.sde import (VESDE, VPSDE, bits_per_dim, euler_maruyama_sampler, mixture_score_fn, ode_likelihood,
-                            ode_sampler, pc_sampler, _bc)
+                            ode_sampler, pc_sampler)
+from course_lib.sde_numerics import per_sample
 from course_lib.sde_digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, dequantize, _discretized_gaussian_nll
 
 
@@ -85,7 +86,7 @@ def test_dsm_loss_closed_form():
     s, sigma, D, n = 0.7, 0.5, 3, 200_000
     torch.manual_seed(0)
     x0 = s * torch.randn(n, D, dtype=torch.float64)
-    exact = lambda x, sig: -x / (s**2 + _bc(sig, x) ** 2)
+    exact = lambda x, sig: -x / (s**2 + per_sample(sig, x) ** 2)
     sig = torch.full((n,), sigma, dtype=torch.float64)
     for anti in (False, True):
         val = float(dsm_loss(exact, x0, sig, antithetic=anti))
@@ -225,7 +226,7 @@ def test_ddpm_score_fn_conversions():
     x = torch.randn(2, 1, 4, 4, generator=gen())
     eps = torch.randn(2, 1, 4, 4, generator=gen(1))
     t = torch.tensor([0.3, 0.7])
-    a = _bc(sde.alpha_bar(t).float(), x)
+    a = per_sample(sde.alpha_bar(t).float(), x)
     expected = -eps / (1 - a).sqrt()
     assert torch.allclose(ddpm_score_fn(Fake(eps), sde, "epsilon")(x, t), expected, atol=1e-5)
     # v = sqrt(ab) eps - sqrt(1 - ab) x0 with x = sqrt(ab) x0 + sqrt(1 - ab) eps
@@ -281,7 +282,7 @@ def test_ode_likelihood_ve_gaussian_and_hutchinson():
     # seed); tolerance 3e-5, about 5x
     sde = VESDE(0.01, 50.0)
     x = torch.randn(64, 3, generator=gen(), dtype=torch.float64)
-    sfn = lambda y, t: -y / _bc(1 + sde.sigma(t) ** 2, y)
+    sfn = lambda y, t: -y / per_sample(1 + sde.sigma(t) ** 2, y)
     var = 1 + 0.01**2
     exact = 0.5 * 3 * math.log(2 * math.pi * var) + x.pow(2).sum(1) / (2 * var)
     for trace, noise in [("exact", "gaussian"), ("hutchinson", "rademacher")]:
@@ -330,7 +331,7 @@ def test_ode_nll_of_any_score_is_not_below_the_truth(score):
     if score == "prior":
         sfn = lambda y, t: -y
     else:                                     # a wrong, nonlinear, rotating field: still a density
-        sfn = lambda y, t: -y + 0.8 * torch.sin(2 * y).flip(1) + 0.3 * torch.tanh(y) * _bc(t, y)
+        sfn = lambda y, t: -y + 0.8 * torch.sin(2 * y).flip(1) + 0.3 * torch.tanh(y) * per_sample(t, y)
     nll, _, _ = ode_likelihood(vp, sfn, x, rtol=1e-5, atol=1e-5, dtype=torch.float64)
     gap = nll + gmm.log_prob(x)
     assert float(gap.mean()) > -2 * float(gap.std() / len(x) ** 0.5)

@@ -9,8 +9,8 @@ import pytest
 
 import course_lib.site as site
 import course_lib.run_records as run_records
-from course_lib.units import load_units, run_units
-from course_lib.run_records import stamp_matches
+from course_lib.units import load_units
+from course_lib.run_records import stamp_matches, run_units
 from course_lib.site import execute_missing, find_executed, execution_note, _lesson_page
 
 

@@ -21,7 +21,7 @@ def truncate(p: Path):
 def test_damaged_cached_flow_model_is_named_with_what_to_do(cache):
     from course_lib.core import cache_dir
     from course_lib.ddpm import DDPMConfig
-    from course_lib.flow import FlowConfig, load_pretrained_flow
+    from course_lib.flow_training import FlowConfig, load_pretrained_flow
     cfg = FlowConfig.from_ddpm(DDPMConfig.quick())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -38,7 +38,8 @@ def test_damaged_cached_flow_model_is_named_with_what_to_do(cache):
 def test_damaged_cached_flux_pipeline_is_named_with_what_to_do(cache, part):
     "Each part fails its own way (diffusers' OSError, transformers' SafetensorError): each is named."
     from course_lib.core import cache_dir
-    from course_lib.flux import FluxMiniConfig, load_flux_mini
+    from course_lib.flux_io import FluxMiniConfig
+    from course_lib.flux_train import load_flux_mini
     cfg = FluxMiniConfig.quick()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -90,7 +91,7 @@ def _reference_statistics():
 
 def _flow():
     from course_lib.ddpm import DDPMConfig
-    from course_lib.flow import FlowConfig, load_pretrained_flow
+    from course_lib.flow_training import FlowConfig, load_pretrained_flow
     return load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()), progress=False).history["loss"][-1]
 
 
@@ -164,7 +165,8 @@ def test_flux_lora_state_of_a_wrapped_transformer_has_the_plain_names():
     from types import SimpleNamespace
     import torch
     from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-    from course_lib.flux_lora import FluxLoRAConfig, add_flux_lora
+    from course_lib.flux_lora import add_flux_lora
+    from course_lib.flux_lora_train import FluxLoRAConfig
     from course_lib.flux_lora_export import lora_state
     pipe = make_flux_pipeline(FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1))
     add_flux_lora(pipe, FluxLoRAConfig(rank=2, alpha=2.0))

@@ -138,7 +138,9 @@ def test_lesson_11s_trainer_in_a_kernel_has_the_modules_fingerprint():
 # report): units.py's examples of its time format (nb05, not measurements), flow.py's and flux.py's measured
 # seconds a step used by their estimates (nb71, nb72).
 TYPED_TIME_ALLOWED = {"course_lib/units.py", "course_lib/flow.py", "course_lib/flux.py",
-                      "nbs/05_units.ipynb", "nbs/71_flow_matching.ipynb", "nbs/72_flux_mini.ipynb"}
+                      "nbs/05_units.ipynb", "nbs/71_flow_matching.ipynb", "nbs/72_flux_mini.ipynb",
+                      "course_lib/flow_training.py", "nbs/78_flow_training.ipynb",
+                      "course_lib/flux_io.py", "nbs/79_flux_io.ipynb"}
 
 
 def test_typed_times_finds_times_in_comments_and_docstrings_only():

@@ -315,7 +315,7 @@ def test_damaged_vision_checkpoint_is_named(resnet, damage, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "bad checksum"])
 def test_damaged_statistics_npz_is_named(damage, tmp_path):
-    from course_lib.metrics import load_statistics, save_statistics
+    from course_lib.metrics_io import load_statistics, save_statistics
     b = save_statistics(tmp_path / "s.npz", np.zeros(16), np.eye(16), 10).read_bytes()
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b[:-200] if damage == "truncated" else b[:80] + b"x" * 500 + b[580:])
@@ -340,7 +340,8 @@ def test_damaged_cached_score_model_is_named(which, tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
     from course_lib.core import cache_dir
     from course_lib.langevin import NCSNConfig, load_ncsn
-    from course_lib.score_matching import ToyScoreConfig, load_toy_score
+    from course_lib.score_matching import ToyScoreConfig
+    from course_lib.score_cache import load_toy_score
     if which == "toy":
         cfg, load = ToyScoreConfig(steps=2), load_toy_score
         path = cache_dir("score", "toy") / f"{cfg.data}-{cfg.loss}-{cfg.key()}.safetensors"

@@ -67,7 +67,7 @@ def train(kind: str) -> list[dict]:
                      figures={"final_loss": float(losses[-50:].mean())})]
     if kind == "flow-quick":             # nbs/71_flow_matching.ipynb's quick profile: unit 1's quick budget
         from course_lib.ddpm import DDPMConfig
-        from course_lib.flow import FlowConfig, load_pretrained_flow
+        from course_lib.flow_training import FlowConfig, load_pretrained_flow
         cfg = FlowConfig.from_ddpm(DDPMConfig.quick())
         m = load_pretrained_flow(cfg, progress=False)
         path = cache_dir("models", "flow", cfg.key()) / "ema.safetensors"
@@ -75,7 +75,8 @@ def train(kind: str) -> list[dict]:
                      figures={"final_loss": float(sum(m.history["loss"][-50:]) / 50),
                               "train_seconds": m.history["seconds"]})]
     if kind == "flux-quick":             # nbs/72 and 73's quick profile: FLUX-mini, FluxMiniConfig.quick()
-        from course_lib.flux import FluxMiniConfig, load_flux_mini
+        from course_lib.flux import FluxMiniConfig
+        from course_lib.flux_train import load_flux_mini
         cfg = FluxMiniConfig.quick()
         pipe = load_flux_mini(cfg, progress=False)
         path = cache_dir("models", "flux", cfg.key()) / "pipeline"
@@ -109,7 +110,7 @@ def cache_path(kind: str, config: dict) -> str:
         from course_lib.langevin import NCSNConfig
         return f"score/ncsn/ncsn-{NCSNConfig(**config).key()}.safetensors"
     if kind == "flow-quick":
-        from course_lib.flow import FlowConfig
+        from course_lib.flow_training import FlowConfig
         return f"models/flow/{FlowConfig(**config).key()}/ema.safetensors"
     if kind == "flux-quick":
         from course_lib.flux import FluxMiniConfig
@@ -125,8 +126,8 @@ TRAINERS = {"classifier": ("course_lib.classifier", "train_digits_classifier"),
             "ddpm": ("course_lib.ddpm_training", "train_ddpm"), "base": ("course_lib.ddpm_training", "train_ddpm"),
             "ddpm-quick": ("course_lib.ddpm_training", "train_ddpm"),
             "base-quick": ("course_lib.ddpm_training", "train_ddpm"), "gpt2": ("course_lib.lm", "train_tiny_gpt2"),
-            "ncsn": ("course_lib.langevin", "train_ncsn"), "flow-quick": ("course_lib.flow", "train_flow"),
-            "flux-quick": ("course_lib.flux", "train_flux_mini")}
+            "ncsn": ("course_lib.langevin", "train_ncsn"), "flow-quick": ("course_lib.flow_training", "train_flow"),
+            "flux-quick": ("course_lib.flux_train", "train_flux_mini")}
 
 
 def trainer_fingerprint(kind: str) -> str | None:

@@ -1,0 +1,155 @@
+"""course_lib.unet (lesson 10a, a UNet by hand): each piece against the library practitioners use (the timestep
+embedding against diffusers' `get_timestep_embedding` to 1e-6, the ResBlock against diffusers' `ResnetBlock2D`,
+attention against torch's `scaled_dot_product_attention` and `nn.MultiheadAttention` to 1e-5), the output shape
+and dtype of `TinyUNet` on odd sizes, and a clear error, naming the value, for each input it cannot take."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.unet import ResBlock, SelfAttention, TinyUNet, check_unet_sizes, timestep_embedding
+
+
+# --- the timestep embedding against diffusers --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dim,flip,shift", [(d, f, s) for d in (2, 16, 17, 64) for f, s in
+                                            [(True, 0), (False, 1), (True, 1), (False, 0)]
+                                            if not (d == 2 and s == 1)])   # dim/2 - shift = 0 divides by 0
+def test_timestep_embedding_matches_diffusers(dim, flip, shift):
+    from diffusers.models.embeddings import get_timestep_embedding
+    t = torch.tensor([0, 1, 7, 250, 999])
+    ours = timestep_embedding(t, dim, flip_sin_to_cos=flip, downscale_freq_shift=shift)
+    theirs = get_timestep_embedding(t, dim, flip_sin_to_cos=flip, downscale_freq_shift=shift)
+    assert ours.shape == theirs.shape == (5, dim) and ours.dtype == torch.float32
+    assert (ours - theirs).abs().max().item() < 1e-6
+
+
+def test_timestep_embedding_takes_float_timesteps_and_max_period():
+    from diffusers.models.embeddings import get_timestep_embedding
+    t = torch.tensor([0.5, 3.25, 900.0])
+    ours = timestep_embedding(t, 32, max_period=1000.0)
+    theirs = get_timestep_embedding(t, 32, flip_sin_to_cos=True, downscale_freq_shift=0, max_period=1000)
+    assert (ours - theirs).abs().max().item() < 1e-6
+
+
+def test_timestep_embedding_refuses_a_2d_t_naming_its_shape():
+    with pytest.raises(ValueError, match=r"1-D.*\(2, 1\)"):
+        timestep_embedding(torch.zeros(2, 1, dtype=torch.long), 16)
+
+
+# --- the ResBlock and the attention against diffusers and torch ---------------------------------------------------
+
+@pytest.mark.parametrize("c_out", [16, 32])
+def test_resblock_matches_diffusers_resnet_block(c_out):
+    from diffusers.models.resnet import ResnetBlock2D
+    torch.manual_seed(0)
+    theirs = ResnetBlock2D(in_channels=16, out_channels=c_out, temb_channels=64, groups=8, eps=1e-5).eval()
+    ours = ResBlock(16, c_out, 64, groups=8)
+    ours.load_state_dict(theirs.state_dict())          # the same layer names, so the weights load as they are
+    x, emb = torch.randn(3, 16, 6, 10), torch.randn(3, 64)
+    with torch.no_grad():
+        assert (ours(x, emb) - theirs(x, emb)).abs().max().item() < 1e-5
+
+
+def _qkv(attn: SelfAttention, x: torch.Tensor):
+    B, C, H, W = x.shape
+    tokens = attn.group_norm(x).flatten(2).transpose(1, 2)
+    split = lambda z: z.reshape(B, H * W, attn.heads, -1).transpose(1, 2)
+    return tokens, split(attn.to_q(tokens)), split(attn.to_k(tokens)), split(attn.to_v(tokens))
+
+
+@pytest.mark.parametrize("channels,head_dim,hw", [(32, 8, (4, 4)), (32, 16, (2, 3)), (16, 16, (1, 1))])
+def test_attention_matches_scaled_dot_product_attention(channels, head_dim, hw):
+    torch.manual_seed(0)
+    attn = SelfAttention(channels, head_dim=head_dim, groups=8)
+    x = torch.randn(2, channels, *hw)
+    with torch.no_grad():
+        _, q, k, v = _qkv(attn, x)
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, -1, channels)
+        theirs = x + attn.to_out(o).transpose(1, 2).reshape(x.shape)
+        assert attn.heads == channels // head_dim
+        assert (attn(x) - theirs).abs().max().item() < 1e-5
+
+
+def test_attention_matches_multihead_attention():
+    torch.manual_seed(0)
+    attn = SelfAttention(32, head_dim=8, groups=8)
+    mha = nn.MultiheadAttention(32, num_heads=4, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]))
+        mha.in_proj_bias.copy_(torch.cat([attn.to_q.bias, attn.to_k.bias, attn.to_v.bias]))
+        mha.out_proj.load_state_dict(attn.to_out.state_dict())
+        x = torch.randn(3, 32, 4, 4)
+        tokens = _qkv(attn, x)[0]
+        theirs = x + mha(tokens, tokens, tokens)[0].transpose(1, 2).reshape(x.shape)
+        assert (attn(x) - theirs).abs().max().item() < 1e-5
+
+
+# --- TinyUNet: shapes, dtypes, timesteps, the course's sampler -----------------------------------------------------
+
+@pytest.mark.parametrize("chs,in_channels,hw", [((8,), 1, (7, 7)), ((8, 16), 3, (6, 10)),
+                                               ((16, 32, 32), 1, (12, 20)), ((16, 32, 32), 1, (8, 8))])
+def test_output_shape_for_odd_sizes(chs, in_channels, hw):
+    torch.manual_seed(0)
+    net = TinyUNet(sample_size=hw[0], in_channels=in_channels, block_out_channels=chs, norm_num_groups=8)
+    x = torch.randn(3, in_channels, *hw)
+    with torch.no_grad():
+        out = net(x, torch.tensor([0, 500, 999])).sample
+    assert out.shape == x.shape and out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+def test_output_dtype_follows_the_model_and_timesteps_broadcast():
+    torch.manual_seed(0)
+    net = TinyUNet().double()
+    x = torch.randn(2, 1, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        a = net(x, torch.tensor([5, 5])).sample
+        b = net(x, 5).sample                       # one int for the batch, as a scheduler passes it
+        c = net(x, torch.tensor(5)).sample          # a 0-dim tensor
+    assert a.dtype == torch.float64
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_the_time_changes_the_output():
+    torch.manual_seed(0)
+    net = TinyUNet()
+    x = torch.randn(1, 1, 8, 8).expand(2, -1, -1, -1)
+    with torch.no_grad():
+        out = net(x, torch.tensor([10, 900])).sample
+    assert (out[0] - out[1]).abs().max().item() > 1e-3
+
+
+def test_course_sampler_drives_tiny_unet():
+    from course_lib.ddpm import DDPMConfig, make_scheduler, sample
+    cfg = DDPMConfig.quick(beta_schedule="linear", prediction_type="epsilon")
+    torch.manual_seed(0)
+    u8, x = sample(TinyUNet(), make_scheduler("dpm++", cfg), 4, 3, generator=torch.Generator().manual_seed(0))
+    assert u8.shape == (4, 1, 8, 8) and u8.dtype == torch.uint8 and x.dtype == torch.float32
+
+
+# --- clear errors that name the value ------------------------------------------------------------------------------
+
+def test_channels_not_divisible_by_the_groups_are_named():
+    with pytest.raises(ValueError, match=r"\[20\].*norm_num_groups=8"):
+        TinyUNet(block_out_channels=(16, 20, 32), norm_num_groups=8)
+    with pytest.raises(ValueError, match=r"12 channels.*8 GroupNorm groups"):
+        ResBlock(12, 16, 64, groups=8)
+    with pytest.raises(ValueError, match=r"channels=20.*head_dim=8"):
+        SelfAttention(20, head_dim=8, groups=4)
+
+
+def test_an_image_size_the_down_path_cannot_halve_is_named():
+    with pytest.raises(ValueError, match=r"sample_size=10 cannot be halved 2 times.*multiple of 4"):
+        TinyUNet(sample_size=10, block_out_channels=(16, 32, 32))
+    with pytest.raises(ValueError, match=r"sample_size=7"):
+        check_unet_sizes(7, (8, 16), 8)
+    net = TinyUNet()
+    with pytest.raises(ValueError, match=r"\(2, 1, 8, 6\).*multiples of 4"):
+        net(torch.randn(2, 1, 8, 6), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"\(1, 8, 8\)"):
+        net(torch.randn(1, 8, 8), torch.tensor([1]))
+
+
+def test_class_labels_are_refused():
+    with pytest.raises(ValueError, match="not class-conditional"):
+        TinyUNet()(torch.randn(1, 1, 8, 8), 3, class_labels=torch.tensor([1]))
