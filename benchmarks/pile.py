@@ -20,9 +20,9 @@ from pathlib import Path
 
 import zstandard
 
-from course_lib.pile import (read_jsonl_zst, write_jsonl_zst, ReadStats, mini_pile_records, format_table, pile_main)
+from course_lib.pile import read_jsonl_zst, write_jsonl_zst, ReadStats
+from course_lib.pile_command import mini_pile_records, format_table, pile_main, _stats_one
 from course_lib.jsonl_zst import _loads
-from course_lib.pile_corpus import _stats_one
 
 
 def code_records(max_bytes: int):

@@ -4,20 +4,16 @@
 
 # %% ../nbs/12_digits_classifier.ipynb #accdee16
 from __future__ import annotations
-import json, math, time
-from dataclasses import dataclass, asdict
+import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
-from .core import restore_pretrained
 from .data import Digits, to_float
 
 # %% auto #0
-__all__ = ['CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'ClassifierConfig', 'accuracy',
-           'train_digits_classifier', 'load_digits_classifier', 'judge_samples']
+__all__ = ['CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy', 'judge_samples', 'ClassifierConfig', 'train_digits_classifier', 'load_digits_classifier']
 
 # %% ../nbs/12_digits_classifier.ipynb #c55fdd74
 CLASSIFIER_SIZE = 16   # every input is resized to 16x16 pixels
@@ -83,6 +79,58 @@ def augment(x: torch.Tensor, generator: torch.Generator | None = None, max_rot: 
     return out - 1
 
 # %% ../nbs/12_digits_classifier.ipynb #6dbf4bb6
+@torch.no_grad()
+def accuracy(model: nn.Module, ds=None, batch_size: int = 512) -> float:
+    "Top-1 accuracy (fraction in [0, 1]) of `model` on `ds` (default `Digits('valid', size=16)`)."
+    ds = ds if ds is not None else Digits("valid", size=16)
+    was = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    correct = sum((model(ds.images[i:i + batch_size].to(dev)).argmax(1).cpu()
+                   == ds.labels[i:i + batch_size]).sum().item()
+                  for i in range(0, len(ds), batch_size))
+    model.train(was)
+    return correct / len(ds)
+
+# %% ../nbs/12_digits_classifier.ipynb #4b328dfb
+_JUDGE = {}
+
+@torch.no_grad()
+def judge_samples(x: torch.Tensor, classifier: DigitsClassifier | None = None,
+                  threshold: float = 0.9, batch_size: int = 512) -> dict:
+    """Score generated digits with the course's judge.
+
+    `x`: `(B, 1, H, W)` float in [-1, 1] or uint8 in [0, 255]. Returns `{'confident_rate':
+    fraction of samples whose max softmax probability >= threshold, 'class_shares': list of 10
+    fractions (share of samples predicted as each digit), 'n': B}`. `classifier` defaults to
+    `load_digits_classifier()` (cached per process).
+    Raises `ValueError` for an empty batch or a wrong shape."""
+    if x.ndim != 4 or len(x) == 0:
+        raise ValueError(f"judge_samples expects a non-empty (B, 1, H, W) batch, got shape "
+                         f"{tuple(x.shape)}")
+    if classifier is None:
+        classifier = _JUDGE.get("cpu") or _JUDGE.setdefault("cpu", load_digits_classifier("cpu"))
+    classifier.eval()
+    dev = next(classifier.parameters()).device
+    probs = torch.cat([F.softmax(classifier(x[i:i + batch_size].to(dev)), -1).cpu()
+                       for i in range(0, len(x), batch_size)])
+    conf, pred = probs.max(1)
+    shares = torch.bincount(pred, minlength=10).double() / len(x)
+    return {"confident_rate": float((conf >= threshold).double().mean()),
+            "class_shares": shares.tolist(), "n": len(x)}
+
+# %% ../nbs/15_training_runs.ipynb #a516fad4
+import json, math, time
+from dataclasses import dataclass, asdict
+
+import torch
+import torch.nn.functional as F
+
+from .core import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
+from .core import restore_pretrained
+from .data import Digits
+
+# %% ../nbs/15_training_runs.ipynb #6dbf4bb6
 @dataclass
 class ClassifierConfig:
     """How the judge is trained: epochs, batch size, peak learning rate, weight decay, label
@@ -102,20 +150,7 @@ class ClassifierConfig:
         from course_lib.cache import cache_key
         return cache_key("digits_classifier", self, code_version=self.code_version)
 
-@torch.no_grad()
-def accuracy(model: nn.Module, ds=None, batch_size: int = 512) -> float:
-    "Top-1 accuracy (fraction in [0, 1]) of `model` on `ds` (default `Digits('valid', size=16)`)."
-    ds = ds if ds is not None else Digits("valid", size=16)
-    was = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    correct = sum((model(ds.images[i:i + batch_size].to(dev)).argmax(1).cpu()
-                   == ds.labels[i:i + batch_size]).sum().item()
-                  for i in range(0, len(ds), batch_size))
-    model.train(was)
-    return correct / len(ds)
-
-# %% ../nbs/12_digits_classifier.ipynb #083f5365
+# %% ../nbs/15_training_runs.ipynb #083f5365
 @grad_enabled
 def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
                             progress: bool = False) -> DigitsClassifier:
@@ -150,7 +185,7 @@ def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
     model.history = {"loss": losses, "valid_acc": accuracy(model)}
     return model
 
-# %% ../nbs/12_digits_classifier.ipynb #830c82b5
+# %% ../nbs/15_training_runs.ipynb #830c82b5
 def load_digits_classifier(device=None, config: ClassifierConfig | None = None,
                            retrain: bool = False, progress: bool = False) -> DigitsClassifier:
     """The course's digits judge, in eval mode on `device`: loaded from
@@ -184,30 +219,3 @@ def load_digits_classifier(device=None, config: ClassifierConfig | None = None,
             record_cached(path, key, code, source="trained")
         model.valid_acc = model.history["valid_acc"]
     return model.to(dev).eval()
-
-# %% ../nbs/12_digits_classifier.ipynb #4b328dfb
-_JUDGE = {}
-
-@torch.no_grad()
-def judge_samples(x: torch.Tensor, classifier: DigitsClassifier | None = None,
-                  threshold: float = 0.9, batch_size: int = 512) -> dict:
-    """Score generated digits with the course's judge.
-
-    `x`: `(B, 1, H, W)` float in [-1, 1] or uint8 in [0, 255]. Returns `{'confident_rate':
-    fraction of samples whose max softmax probability >= threshold, 'class_shares': list of 10
-    fractions (share of samples predicted as each digit), 'n': B}`. `classifier` defaults to
-    `load_digits_classifier()` (cached per process).
-    Raises `ValueError` for an empty batch or a wrong shape."""
-    if x.ndim != 4 or len(x) == 0:
-        raise ValueError(f"judge_samples expects a non-empty (B, 1, H, W) batch, got shape "
-                         f"{tuple(x.shape)}")
-    if classifier is None:
-        classifier = _JUDGE.get("cpu") or _JUDGE.setdefault("cpu", load_digits_classifier("cpu"))
-    classifier.eval()
-    dev = next(classifier.parameters()).device
-    probs = torch.cat([F.softmax(classifier(x[i:i + batch_size].to(dev)), -1).cpu()
-                       for i in range(0, len(x), batch_size)])
-    conf, pred = probs.max(1)
-    shares = torch.bincount(pred, minlength=10).double() / len(x)
-    return {"confident_rate": float((conf >= threshold).double().mean()),
-            "class_shares": shares.tolist(), "n": len(x)}

@@ -103,7 +103,8 @@ PLUGINS = {
              "Pile-format .jsonl.zst tools: stats, build-mini (unit 6)"),
     "bpb": ("course_lib.bpb_command", "bpb_main",
             "bits per byte of a language model on .jsonl.zst files (unit 6)"),
-    "lora": ("course_lib.lora_io", "lora_main", "train, inspect and use LoRA adapters (unit 4)"),
+    "lora": ("course_lib.lora_command", "lora_main",
+             "train, inspect and use LoRA adapters (unit 4)"),
     "new": ("course_lib.contrib", "new_main", "scaffold a notebook from the template into a unit"),
     "site": ("course_lib.site", "site_main", "build the course website from executed notebooks"),
 }

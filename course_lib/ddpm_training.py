@@ -4,25 +4,20 @@
 
 # %% ../nbs/11_ddpm_training.ipynb #7c7a54a6
 from __future__ import annotations
-import copy, json, math, os, time
-from dataclasses import dataclass, asdict, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, asdict
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 if TYPE_CHECKING:
     from diffusers import UNet2DModel
 
-from .core import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
-from .data import Digits, to_float
-from .schedule import NoiseSchedule, check_prediction_type, diffusion_target, make_betas
 from .core import patch_to
+from .ddpm_checks import check_ddpm_config
+from .schedule import NoiseSchedule, make_betas
 
 # %% auto #0
-__all__ = ['MIXED_PRECISION', 'DDPMConfig', 'make_unet', 'default_dataset', 'ema_update', 'CheckpointMismatch', 'checkpoint_path',
-           'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds']
+__all__ = ['DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda', 'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds']
 
 # %% ../nbs/11_ddpm_training.ipynb #55d2ef99
 @dataclass
@@ -52,29 +47,15 @@ class DDPMConfig:
     mixed_precision: str = "auto"               # 'auto': bf16 on a GPU that supports it, else none
     checkpoint_every: int = 250                 # steps
     seed: int = 0
-    def __post_init__(self): self._post_init()  # normalise the fields, then `validate`
+    def __post_init__(self):                    # normalise the fields, then `validate`
+        self.block_out_channels = tuple(self.block_out_channels)
+        if self.classes is not None: self.classes = tuple(int(c) for c in self.classes)
+        if self.attention is not None: self.attention = tuple(bool(a) for a in self.attention)
+        self.validate()
 
     code_version = 1   # raised when train_ddpm changes what a config trains (not a field)
 
-    def key(self, data=None) -> str:
-        """The course-cache key (`cache.cache_key`) of this config trained on `data` (None: the
-        default dataset): the fields that change the weights, the data's fingerprint and
-        `code_version`."""
-        from course_lib.cache import cache_key
-        skip = ("checkpoint_every", "mixed_precision")
-        d = {k: v for k, v in asdict(self).items() if k not in skip}
-        return cache_key("ddpm", d, data, code_version=self.code_version)
-
 # %% ../nbs/11_ddpm_training.ipynb #0f72651a
-MIXED_PRECISION = ("auto", "no", "fp16", "bf16")
-
-@patch_to(DDPMConfig)
-def _post_init(self):
-    self.block_out_channels = tuple(self.block_out_channels)
-    if self.classes is not None: self.classes = tuple(int(c) for c in self.classes)
-    if self.attention is not None: self.attention = tuple(bool(a) for a in self.attention)
-    self.validate()
-
 @patch_to(DDPMConfig, cls_method=True)
 def quick(cls, **kw) -> DDPMConfig:
     """The course recipe shrunk for quick profiles and tests: a UNet a quarter the width, 400 steps
@@ -85,37 +66,23 @@ def quick(cls, **kw) -> DDPMConfig:
              "checkpoint_every": 100}
     return cls(**{**small, **kw})
 
+@patch_to(DDPMConfig)
+def key(self, data=None) -> str:
+    """The course-cache key (`cache.cache_key`) of this config trained on `data` (None: the
+    default dataset): the fields that change the weights, the data's fingerprint and
+    `code_version`."""
+    from course_lib.cache import cache_key
+    skip = ("checkpoint_every", "mixed_precision")
+    d = {k: v for k, v in asdict(self).items() if k not in skip}
+    return cache_key("ddpm", d, data, code_version=self.code_version)
+
 # %% ../nbs/11_ddpm_training.ipynb #111ede35
 @patch_to(DDPMConfig)
 def validate(self) -> DDPMConfig:
-    "Raise `ValueError` naming the bad field (image size vs levels, schedule, prediction type...)."
+    """Raise `ValueError` naming the bad field: the beta schedule (by building it), then the rest
+    (`check_ddpm_config`: image size against the levels, group norm, prediction type...)."""
     make_betas(self.num_train_timesteps, self.beta_schedule, self.beta_start, self.beta_end)
-    check_prediction_type(self.prediction_type)
-    levels = len(self.block_out_channels)
-    if levels < 1: raise ValueError("block_out_channels needs at least one level")
-    f = 2 ** (levels - 1)
-    if self.image_size % f or self.image_size < f:
-        raise ValueError(f"image_size={self.image_size} is not divisible by the UNet's "
-                         f"downsampling factor {f} ({levels} levels in block_out_channels="
-                         f"{self.block_out_channels}); use an image size that is a multiple of "
-                         f"{f} or fewer levels")
-    bad = [c for c in self.block_out_channels if c % self.norm_num_groups]
-    if bad:
-        raise ValueError(f"block_out_channels {bad} are not multiples of "
-                         f"norm_num_groups={self.norm_num_groups}")
-    if self.attention is not None and len(self.attention) != levels:
-        raise ValueError(f"attention has {len(self.attention)} entries for {levels} levels")
-    if self.num_classes is not None and self.num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1 or None, got {self.num_classes}")
-    if self.mixed_precision not in MIXED_PRECISION:
-        raise ValueError(f"unknown mixed_precision {self.mixed_precision!r}; "
-                         f"choose one of {list(MIXED_PRECISION)}")
-    if self.lr_schedule not in ("cosine", "constant"):
-        raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose 'cosine' or 'constant'")
-    for k in ("steps", "batch_size", "checkpoint_every"):
-        if getattr(self, k) < 1: raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
-    if not 0 <= self.ema_decay < 1:
-        raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+    check_ddpm_config(self)
     return self
 
 # %% ../nbs/11_ddpm_training.ipynb #924a12ae
@@ -153,13 +120,37 @@ def make_unet(config: DDPMConfig) -> UNet2DModel:
                        up_block_types=up, attention_head_dim=8,
                        norm_num_groups=config.norm_num_groups, num_class_embeds=config.num_classes)
 
-# %% ../nbs/11_ddpm_training.ipynb #a4ebe3f1
+# %% ../nbs/11_ddpm_training.ipynb #881cec0e
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
+    "ema <- decay * ema + (1 - decay) * model, for every parameter (buffers are copied)."
+    ep = list(ema.parameters())
+    mp = [p.detach().to(e.dtype) for p, e in zip(model.parameters(), ema.parameters())]
+    torch._foreach_lerp_(ep, mp, 1 - decay)
+    for eb, mb in zip(ema.buffers(), model.buffers()): eb.copy_(mb)
+
+# %% ../nbs/15_training_runs.ipynb #8bb4e142
+import copy, json, math, os, time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .core import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
+from .core import patch_to
+from .data import Digits, to_float
+from .schedule import diffusion_target
+
+# %% ../nbs/15_training_runs.ipynb #a4ebe3f1
 def default_dataset(config: DDPMConfig):
     """The course's training set for `config`:
     `Digits('train', size=image_size, channels=channels, classes=classes)`."""
     return Digits("train", size=config.image_size, channels=config.channels, classes=config.classes)
 
-# %% ../nbs/11_ddpm_training.ipynb #93eb60c7
+# %% ../nbs/15_training_runs.ipynb #93eb60c7
 def _dataset_tensors(dataset, config: DDPMConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """All images `(N, C, H, W)` float32 and labels `(N,)` (or None) of `dataset`, checked against
     `config`. Raises `ValueError` for a path or for items that are not tensors (PIL images): wrap
@@ -200,8 +191,10 @@ def _dataset_tensors(dataset, config: DDPMConfig) -> tuple[torch.Tensor, torch.T
                          f"[{y.min().item()}, {y.max().item()}]")
     return x, y
 
-# %% ../nbs/11_ddpm_training.ipynb #26719eeb
-def _lr_lambda(config: DDPMConfig):
+# %% ../nbs/15_training_runs.ipynb #26719eeb
+def lr_lambda(config: DDPMConfig) -> Callable[[int], float]:
+    """The factor of the peak learning rate at each step (for `LambdaLR`): a linear warm-up over
+    `config.warmup_steps`, then constant or a cosine down to 10% at `config.steps`."""
     def f(step: int) -> float:
         if step < config.warmup_steps: return (step + 1) / config.warmup_steps
         if config.lr_schedule == "constant": return 1.0
@@ -209,19 +202,11 @@ def _lr_lambda(config: DDPMConfig):
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
     return f
 
-@torch.no_grad()
-def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
-    "ema <- decay * ema + (1 - decay) * model, for every parameter (buffers are copied)."
-    ep = list(ema.parameters())
-    mp = [p.detach().to(e.dtype) for p, e in zip(model.parameters(), ema.parameters())]
-    torch._foreach_lerp_(ep, mp, 1 - decay)
-    for eb, mb in zip(ema.buffers(), model.buffers()): eb.copy_(mb)
-
 def _step_generator(gen: torch.Generator, seed: int, step: int, rank: int) -> torch.Generator:
     gen.manual_seed((seed * 1_000_003 + step) * 4099 + rank)
     return gen
 
-# %% ../nbs/11_ddpm_training.ipynb #50e136b0
+# %% ../nbs/15_training_runs.ipynb #50e136b0
 class CheckpointMismatch(ValueError):
     "A checkpoint was written for another network architecture than the one requested."
 
@@ -248,7 +233,7 @@ def read_checkpoint(checkpoint_dir: str | os.PathLike,
     meta["config"] = ck
     return state, meta
 
-# %% ../nbs/11_ddpm_training.ipynb #c1c6baa5
+# %% ../nbs/15_training_runs.ipynb #c1c6baa5
 def _resolve_mixed_precision(mp: str, device: torch.device) -> str:
     "'bf16' on a CUDA device with native bf16 (emulated bf16 does not count), else 'fp16'."
     if mp != "auto": return mp
@@ -257,7 +242,7 @@ def _resolve_mixed_precision(mp: str, device: torch.device) -> str:
     except TypeError: native = torch.cuda.is_bf16_supported()     # torch without the argument
     return "bf16" if native else "fp16"
 
-# %% ../nbs/11_ddpm_training.ipynb #99ca92f3
+# %% ../nbs/15_training_runs.ipynb #99ca92f3
 class _Run:
     "The state of one `train_ddpm` run on this process."
     def __init__(self, cfg: DDPMConfig, dataset=None, accelerator=None):
@@ -280,7 +265,7 @@ class _Run:
         self.ema = copy.deepcopy(self.model).requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                      weight_decay=cfg.weight_decay)
-        self.lr_sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
+        self.lr_sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.start, self.losses, self.ck = 0, [], None
         self.gen = torch.Generator()
 
@@ -293,7 +278,7 @@ class _Run:
         ema.ddpm_config = self.cfg
         return ema
 
-# %% ../nbs/11_ddpm_training.ipynb #49de7975
+# %% ../nbs/15_training_runs.ipynb #49de7975
 @patch_to(_Run)
 def prepare(self, checkpoint_dir=None, resume: bool = True):
     self.ck = checkpoint_path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -331,7 +316,7 @@ def save(self, step: int):
         save_checkpoint(self.ck, state, meta)
     acc.wait_for_everyone()
 
-# %% ../nbs/11_ddpm_training.ipynb #90e95546
+# %% ../nbs/15_training_runs.ipynb #90e95546
 @patch_to(_Run)
 def train_step(self, step: int) -> float:
     cfg, acc, gen = self.cfg, self.acc, _step_generator(self.gen, self.cfg.seed, step, self.rank)
@@ -367,7 +352,7 @@ def check_finite(self, lv: float, step: int) -> None:
                              f"(now {self.cfg.lr}), keep grad_clip on, and check the data for "
                              "NaN/inf values.")
 
-# %% ../nbs/11_ddpm_training.ipynb #cbde2b2e
+# %% ../nbs/15_training_runs.ipynb #cbde2b2e
 @grad_enabled
 def train_ddpm(config: DDPMConfig | None = None, dataset=None,
                checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
@@ -404,7 +389,7 @@ def train_ddpm(config: DDPMConfig | None = None, dataset=None,
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps: run.save(step + 1)
     return run.finish(time.time() - t0, n_img)
 
-# %% ../nbs/11_ddpm_training.ipynb #8aa13366
+# %% ../nbs/15_training_runs.ipynb #8aa13366
 def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=None,
                          progress: bool = True, retrain: bool = False) -> nn.Module:
     """The trained DDPM (EMA weights, `diffusers.UNet2DModel` in eval mode on `device`) for `config`
@@ -440,7 +425,7 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
     model.ddpm_config = cfg
     return model.to(get_device(device)).eval()
 
-# %% ../nbs/11_ddpm_training.ipynb #f4f45fb0
+# %% ../nbs/15_training_runs.ipynb #f4f45fb0
 def ddpm_is_cached(config: DDPMConfig | None = None, dataset=None) -> bool:
     """True when `load_pretrained_ddpm(config, dataset=dataset)` loads the model (from the course
     cache, or the copy shipped with the package) instead of training it."""
@@ -457,4 +442,3 @@ def estimate_training_seconds(config: DDPMConfig | None = None, n_steps: int = 3
     cfg = (config or DDPMConfig()).validate()
     short = replace(cfg, steps=n_steps, checkpoint_every=n_steps)
     return train_ddpm(short, dataset, progress=False).history["seconds"] / n_steps * cfg.steps
-

@@ -11,12 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .ddpm import randn_on
-from .flux_io import (FluxMiniConfig, check_prompts, check_size, open_flux_mini,
-                                quiet_loading, save_flux_mini)
-from .flux_parts import (
-    DIGIT_NAMES, PROPERTY_SIZE, SLANT_WORDS, SPECIAL_TOKENS, THICKNESS_WORDS, TRIGGER_WORDS, VOCAB,
-    caption_digits, check_digit_slant, check_flux_pack_latents, ink_mass, make_tokenizer,
-    property_thresholds, slant)
+from .flux_io import FluxMiniConfig, check_prompts, check_size, quiet_loading
+from .flux_parts import VOCAB, make_tokenizer
 from .guidance import check_guidance_scale
 
 # %% auto #0

@@ -12,8 +12,9 @@ from .cache import cached, code_fingerprint
 from .core import cache_dir, get_device
 from .data import Digits
 from .flow_training import FlowConfig, train_flow
-from .flux import (DIGIT_NAMES, FluxVelocity, caption_digits, caption_table,
-                             encode_latents, generate, make_flux_pipeline, train_vae)
+from .flux import (FluxVelocity, caption_table, encode_latents, generate,
+                             make_flux_pipeline, train_vae)
+from .flux_parts import DIGIT_NAMES, caption_digits
 from .flux_io import FluxMiniConfig, open_flux_mini, save_flux_mini
 from .guidance import mean_se
 

@@ -13,7 +13,8 @@ import torch.nn as nn
 
 from .core import (
     grad_enabled, cache_dir, get_device, save_checkpoint, seed_everything)
-from .score_matching import (GaussianMixture, check_sigma_range, dsm_loss, sample_sigmas)
+from .score_matching import dsm_loss, sample_sigmas
+from .score_toys import GaussianMixture, check_sigma_range
 from .score_cache import cached_model_state
 
 # %% auto #0

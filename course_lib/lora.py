@@ -10,17 +10,13 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
+from .lora_checks import check_rank_alpha
+from .lora_metrics import count_parameters
+
 # %% auto #0
-__all__ = ['LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'count_parameters', 'lora_param_count', 'copy_lora_to_peft', 'LORA_TARGETS', 'check_target_modules', 'add_lora', 'training_state_bytes', 'PeakMemory', 'adapter_file_bytes', 'adapter_names', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter']
+__all__ = ['LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'lora_param_count', 'LORA_TARGETS', 'add_lora', 'adapter_names', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter']
 
 # %% ../nbs/40_lora_from_scratch.ipynb #c0cc3889
-def _check_rank_alpha(rank, alpha):
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"rank must be a positive int, got {rank!r}")
-    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0):
-        raise ValueError(f"alpha must be a positive number (or None for alpha = rank), "
-                         f"got {alpha!r}")
-
 class LoRALayerBase(nn.Module):
     """What every LoRA layer shares: the frozen `base` layer, `rank`, `alpha` (default `rank`) and
     `scaling = alpha / rank`, and merging `delta_weight()` into the base weight and back.
@@ -29,7 +25,7 @@ class LoRALayerBase(nn.Module):
     `rank < 1` or `alpha <= 0`."""
     def __init__(self, base: nn.Module, rank: int, alpha: float | None):
         super().__init__()
-        _check_rank_alpha(rank, alpha)
+        check_rank_alpha(rank, alpha)
         self.base, self.rank = base, int(rank)
         self.alpha = float(rank if alpha is None else alpha)
         self.scaling = self.alpha / self.rank
@@ -169,18 +165,6 @@ def unmerge_lora(model: nn.Module) -> nn.Module:
     return model
 
 # %% ../nbs/40_lora_from_scratch.ipynb #e319f5fb
-def count_parameters(model: nn.Module) -> dict[str, float]:
-    """`{'trainable': int, 'total': int, 'frozen': int, 'trainable_pct': float}` for `model`
-    (parameters counted once even when shared, percent of `total`)."""
-    seen, tr, tot = set(), 0, 0
-    for p in model.parameters():
-        if id(p) in seen: continue
-        seen.add(id(p))
-        tot += p.numel()
-        tr += p.numel() if p.requires_grad else 0
-    return {"trainable": tr, "total": tot, "frozen": tot - tr,
-            "trainable_pct": 100.0 * tr / max(tot, 1)}
-
 def lora_param_count(model: nn.Module, target_modules: Sequence[str], rank: int) -> int:
     """The closed form: sum over matching layers of `rank * (in + out)` for linear layers and
     `rank * (in * kh * kw + out)` for convolutions (what LoRA adds, before any training)."""
@@ -193,74 +177,11 @@ def lora_param_count(model: nn.Module, target_modules: Sequence[str], rank: int)
             n += rank * (m.in_channels * math.prod(m.kernel_size) + m.out_channels)
     return n
 
-# %% ../nbs/40_lora_from_scratch.ipynb #beff3768
-def copy_lora_to_peft(ours: nn.Module, peft_layer: nn.Module,
-                      adapter_name: str = "default") -> None:
-    """Copy `lora_A`/`lora_B` of a `LoRALinear`/`LoRAConv2d` into a `peft` LoRA layer's adapter
-    `adapter_name` (shapes must agree, else `ValueError`)."""
-    a = ours.lora_A if isinstance(ours, LoRALinear) else ours.lora_A.weight
-    b = ours.lora_B if isinstance(ours, LoRALinear) else ours.lora_B.weight
-    pa, pb = peft_layer.lora_A[adapter_name].weight, peft_layer.lora_B[adapter_name].weight
-    if pa.shape != a.shape or pb.shape != b.shape:
-        raise ValueError(f"shape mismatch: ours A {tuple(a.shape)} B {tuple(b.shape)}, "
-                         f"peft A {tuple(pa.shape)} B {tuple(pb.shape)}")
-    with torch.no_grad():
-        pa.copy_(a)
-        pb.copy_(b)
+# %% ../nbs/42_lora_training.ipynb #fcf264a5
+from .lora_checks import check_adapter_args, check_target_modules
 
-# %% ../nbs/42_lora_training.ipynb #c616b6b4
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "time_emb_proj")
 
-def check_target_modules(model: nn.Module,
-                         target_modules: str | Sequence[str]) -> str | tuple[str, ...]:
-    """`target_modules` checked against `model`. A sequence is a list of names, each matching a
-    module named so or ending in `.name` (as in peft). A string is one such name when a module has
-    it (`"to_q"`), else a regular expression matched against whole module names (`re.fullmatch`, as
-    peft reads a string). Returns the names as a tuple, or the regular expression. Raises
-    `TypeError` for another type and `ValueError` naming every entry (or the expression) that
-    matches no module of `model`, with the closest module names."""
-    import difflib, re
-    names = [n for n, _ in model.named_modules() if n]
-    leaves = sorted({n.split(".")[-1] for n in names})
-    has = lambda t: any(n == t or n.endswith("." + t) for n in names)     # a name or dotted suffix
-    if isinstance(target_modules, str) and has(target_modules):
-        return (target_modules,)
-    if isinstance(target_modules, str):
-        if not any(re.fullmatch(target_modules, n) for n in names):
-            hint = difflib.get_close_matches(target_modules, leaves, n=2)
-            raise ValueError(f"target_modules={target_modules!r} is neither a module name of the "
-                             f"model {f'(did you mean {hint}?) ' if hint else ''}nor a regular "
-                             f"expression matching whole module names such as {names[-1]!r}")
-        return target_modules
-    if (not isinstance(target_modules, (list, tuple))
-            or not all(isinstance(t, str) for t in target_modules)):
-        raise TypeError(f"target_modules must be a string (a regular expression) or a list of "
-                        f"module names, got {target_modules!r}")
-    unmatched = [t for t in target_modules if not has(t)]
-    if unmatched:
-        hints = {t: difflib.get_close_matches(t, leaves, n=2) for t in unmatched}
-        raise ValueError("target_modules entries that match no module of the model: " + ", ".join(
-            f"{t!r} (did you mean {h}?)" if h else repr(t) for t, h in hints.items()))
-    return tuple(target_modules)
-
-# %% ../nbs/42_lora_training.ipynb #0e4ddfe7
-def _check_adapter_args(unet: nn.Module, rank, alpha, adapter_name) -> float:
-    "Refuse a bad `rank`, `alpha` or `adapter_name` (or one the model has). Returns alpha, a float."
-    import re
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"rank must be a positive int, got {rank!r}")
-    alpha = float(rank if alpha is None else alpha)
-    if alpha <= 0: raise ValueError(f"alpha must be positive, got {alpha!r}")
-    if not isinstance(adapter_name, str) or not re.fullmatch(r"[\w-]+", adapter_name):
-        raise ValueError(f"adapter_name must be letters, digits, '_' or '-' (peft keeps adapters "
-                         f"in module dicts, whose keys cannot hold '.'), got {adapter_name!r}")
-    if adapter_name in getattr(unet, "peft_config", {}):
-        raise ValueError(f"the model already has an adapter {adapter_name!r} (adding it again "
-                         "would replace its weights): pass another adapter_name, or remove_adapter "
-                         "it first")
-    return alpha
-
-# %% ../nbs/42_lora_training.ipynb #fcf264a5
 def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
              target_modules: str | Sequence[str] = LORA_TARGETS, adapter_name: str = "default",
              dropout: float = 0.0, use_rslora: bool = False, rank_pattern: dict | None = None,
@@ -275,7 +196,7 @@ def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
     from peft import LoraConfig
     from peft.functional import inject_adapter_in_model
     from peft.tuners.lora import LoraLayer
-    alpha = _check_adapter_args(unet, rank, alpha, adapter_name)
+    alpha = check_adapter_args(unet, rank, alpha, adapter_name)
     targets = check_target_modules(unet, target_modules)
     cfg = LoraConfig(r=rank, lora_alpha=alpha,
                      target_modules=targets if isinstance(targets, str) else list(targets),
@@ -286,57 +207,6 @@ def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
         if isinstance(m, LoraLayer): m.train(m.get_base_layer().training)
     for n, p in unet.named_parameters(): p.requires_grad_(f".{adapter_name}." in n and "lora_" in n)
     return unet
-
-# %% ../nbs/42_lora_training.ipynb #e19a2f30
-import weakref
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
-def training_state_bytes(model: nn.Module, opt) -> int:
-    "Bytes of the trainable weights of `model`, their gradients and the optimizer `opt`'s state."
-    n = sum(p.numel() * p.element_size() * 2 for p in model.parameters() if p.requires_grad)
-    for st in opt.state.values():
-        n += sum(v.numel() * v.element_size() for v in st.values()
-                 if torch.is_tensor(v) and v.ndim > 0)
-    return n
-
-# %% ../nbs/42_lora_training.ipynb #296f4612
-class PeakMemory(TorchDispatchMode):
-    """Measure the tensor memory allocated inside a `with PeakMemory() as pm:` block: `pm.live` is
-    the bytes of the storages created there and still alive, `pm.peak` their maximum (activations
-    saved for backward, gradients, optimizer state, temporaries). Storages that existed before (the
-    model's weights) are not counted: add them. Every tensor operation passes through this
-    `TorchDispatchMode`, so it is slow: measure a step, not a run. Works on any device (on a CPU,
-    where `torch.cuda.max_memory_allocated` has no equivalent). Views share their storage and count
-    once."""
-    def __init__(self):
-        super().__init__()
-        self.live, self.peak, self._refs = 0, 0, {}
-
-    def _track(self, t: torch.Tensor):
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._refs or st.device.type == "meta": return
-        n = st.nbytes()
-        self.live += n
-        self.peak = max(self.peak, self.live)
-        def freed(_, key=key, n=n):
-            self.live -= n
-            self._refs.pop(key, None)
-        self._refs[key] = weakref.ref(st, freed)   # the Python storage lives as long as the storage
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor): self._track(t)
-        return out
-
-# %% ../nbs/42_lora_training.ipynb #1cb94de2
-def adapter_file_bytes(unet: nn.Module, full: bool = False, adapter_name: str | None = None) -> int:
-    "Bytes of a safetensors file with the LoRA weights of `unet` (every weight with `full=True`)."
-    from safetensors.torch import save
-    keep = lambda k: full or "lora_" in k and (adapter_name is None or f".{adapter_name}." in k)
-    return len(save({k: v.detach().contiguous() for k, v in unet.state_dict().items() if keep(k)}))
 
 # %% ../nbs/43_lora_export.ipynb #defdda00
 def adapter_names(unet: nn.Module) -> list[str]:

@@ -4,90 +4,23 @@
 
 # %% ../nbs/41_lora_dataset.ipynb #445ebdf2
 from __future__ import annotations
-import os, re, warnings
+import os, re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
-from .data import (Digits, FolderReport, IMAGE_EXTENSIONS, open_image, scan_image_folder,
-                             to_float)
 from .core import patch_to
+from .data import FolderReport, open_image, to_float
+from .lora_base import (CONCEPT_DIGIT, DIGIT_WORDS, TRIGGER, Augment, BucketBatchSampler,
+                                  filename_captioner, read_captions, write_concept_folder)
+from .lora_checks import check_dataset_args, usable_images
 
 # %% auto #0
-__all__ = ['CONCEPT_DIGIT', 'TRIGGER', 'write_concept_folder', 'filename_captioner', 'read_captions', 'aspect_buckets', 'assign_bucket', 'fit_image', 'Augment', 'ConceptDataset', 'BucketBatchSampler', 'BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WORDS', 'BASE_RECIPE', 'base_config', 'load_base', 'encode_prompt', 'generate', 'write_style_folder']
-
-# %% ../nbs/41_lora_dataset.ipynb #d95a94d0
-CONCEPT_DIGIT = 9
-TRIGGER = "sks"
-
-def write_concept_folder(folder: str | os.PathLike, n: int = 40, digit: int = CONCEPT_DIGIT,
-                         trigger: str = TRIGGER, pixels: int = 32, caption_ext: str = ".txt",
-                         split: str = "train", seed: int = 0) -> Path:
-    """Write `n` real scans of `digit` (scikit-learn's UCI digits, `split` 'train' or 'valid') as
-    `pixels`-wide grey PNGs `{digit}_{i:03d}.png`, with caption sidecars
-    `{digit}_{i:03d}{caption_ext}` reading 'a photo of {trigger} digit', into `folder` (created).
-    Returns the folder.
-
-    Raises `ValueError` for `n` outside 1..available, or `pixels` not in (8, 16, 32)."""
-    from PIL import Image
-    if pixels not in (8, 16, 32): raise ValueError(f"pixels must be 8, 16 or 32, got {pixels!r}")
-    ds = Digits(split, size=pixels, dtype="uint8", classes=[digit])
-    if not 1 <= n <= len(ds):
-        raise ValueError(f"n={n!r}: choose 1..{len(ds)} images of digit {digit} in split {split!r}")
-    idx = np.random.default_rng(seed).permutation(len(ds))[:n]
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for j, i in enumerate(sorted(idx)):
-        stem = folder/f"{digit}_{j:03d}"
-        Image.fromarray(ds.images[i, 0].numpy(), "L").save(stem.with_suffix(".png"))
-        Path(str(stem) + caption_ext).write_text(f"a photo of {trigger} digit\n")
-    return folder
-
-# %% ../nbs/41_lora_dataset.ipynb #691503ac
-def filename_captioner(path: str | os.PathLike) -> str:
-    """Caption from the file name: `red_car_01.png` -> 'red car'. When the name has no words
-    (`0001.png`, `IMG_1234.jpg`), the folder name instead (`photos/my_dog/0001.png` -> 'my dog')."""
-    p = Path(path)
-    def words(s):
-        s = re.sub(r"(?i)^(img|dsc|pxl|image)[_-]?\d+", "", s)
-        return " ".join(w for w in re.split(r"[_\-\s.]+", s) if w and not w.isdigit())
-    return words(p.stem) or words(p.parent.name) or "a photo"
-
-# %% ../nbs/41_lora_dataset.ipynb #3527811f
-def read_captions(files: Sequence[Path], caption_ext: str = ".txt",
-                  captioner: Callable[[Path], str] | None = filename_captioner
-                  ) -> tuple[list[str], list[str]]:
-    """For each image, the caption from its sidecar (same stem, `caption_ext`), else
-    `captioner(path)`.
-
-    Returns `(captions, sources)` with each source 'sidecar' or 'captioner'. Empty sidecars count as
-    missing. Warns (`UserWarning`) when there are images but no sidecar matched any of them: usually
-    a wrong `caption_ext`. Raises `ValueError` for a `caption_ext` that does not start with '.'."""
-    if not caption_ext.startswith("."):
-        raise ValueError(f"caption_ext must start with '.', e.g. '.txt', got {caption_ext!r}")
-    captions, sources = [], []
-    for f in files:
-        side = f.with_suffix(caption_ext)
-        text = side.read_text(encoding="utf-8", errors="replace").strip() if side.is_file() else ""
-        if text:
-            captions.append(" ".join(text.split()))
-            sources.append("sidecar")
-        else:
-            captions.append(captioner(f) if captioner else "")
-            sources.append("captioner")
-    if files and "sidecar" not in sources:
-        others = sorted({p.suffix for f in files for p in f.parent.iterdir()
-                         if p.suffix and p.suffix.lower() not in IMAGE_EXTENSIONS})
-        warnings.warn(f"no caption file '*{caption_ext}' matched any of the {len(files)} images in "
-                      f"{files[0].parent}; all captions come from the captioner. Caption-like "
-                      f"extensions present: {others or 'none'} (set caption_ext)",
-                      UserWarning, stacklevel=2)
-    return captions, sources
+__all__ = ['aspect_buckets', 'assign_bucket', 'fit_image', 'ConceptDataset']
 
 # %% ../nbs/41_lora_dataset.ipynb #d3326271
 def aspect_buckets(size: int, step: int = 4, max_ratio: float = 2.0) -> list[tuple[int, int]]:
@@ -114,66 +47,6 @@ def fit_image(im, width: int, height: int):
     from PIL import Image, ImageOps
     return ImageOps.fit(im, (width, height), method=Image.BICUBIC)
 
-# %% ../nbs/41_lora_dataset.ipynb #b44c185a
-@dataclass
-class Augment:
-    """Training-time augmentation of `(C, H, W)` float images in [-1, 1].
-
-    - `hflip`: probability of a horizontal flip (wrong for digits, text, logos).
-    - `crop_scale`: random crops covering this fraction of the side or more (1.0: off), resized
-      back.
-    - `brightness`: additive, a shift of up to +-`brightness` on the [0, 1] scale (0: off),
-      where `ColorJitter(brightness=b)` multiplies by [1-b, 1+b] (black stays black). `contrast`:
-      as `ColorJitter`'s, the deviation from the mean scaled by [1-c, 1+c] (0: off)."""
-    hflip: float = 0.0
-    crop_scale: float = 1.0
-    brightness: float = 0.0
-    contrast: float = 0.0
-
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        import torch.nn.functional as F
-        u = lambda: torch.rand((), generator=generator).item()
-        if self.hflip and u() < self.hflip: x = x.flip(-1)
-        if self.crop_scale < 1.0:
-            H, W = x.shape[-2:]
-            s = self.crop_scale + (1 - self.crop_scale) * u()
-            h, w = max(1, round(H * s)), max(1, round(W * s))
-            i, j = int(u() * (H - h + 1)), int(u() * (W - w + 1))
-            x = F.interpolate(x[None, :, i:i + h, j:j + w], size=(H, W), mode="bilinear",
-                              align_corners=False)[0]
-        if self.brightness:                    # on the [-1, 1] scale: 2 x the [0, 1] shift
-            x = x + self.brightness * (2 * u() - 1) * 2
-        if self.contrast:
-            m = x.mean()
-            x = (x - m) * (1 + self.contrast * (2 * u() - 1)) + m
-        return x.clamp(-1, 1)
-
-# %% ../nbs/41_lora_dataset.ipynb #34f81754
-def _check_dataset_args(size, channels, caption_ext, repeats) -> None:
-    if channels not in (1, 3): raise ValueError(f"channels must be 1 or 3, got {channels!r}")
-    if not isinstance(size, int) or size < 4 or size % 4:
-        raise ValueError(f"size must be a multiple of 4 (the UNet halves it twice), got {size!r}")
-    if repeats < 1: raise ValueError(f"repeats must be >= 1, got {repeats!r}")
-    if not str(caption_ext).startswith("."):
-        raise ValueError(f"caption_ext must start with '.', e.g. '.txt', got {caption_ext!r}")
-
-def _usable_images(folder: Path, min_size: int, caption_ext: str) -> FolderReport:
-    """`scan_image_folder` of `folder`, caption sidecars not counted as skipped. Raises
-    `ValueError`, with the reasons, when no usable image is left."""
-    rep = scan_image_folder(folder, min_size=min_size)
-    # caption sidecars are expected, not skipped images
-    rep.skipped = [(p, why) for p, why in rep.skipped if p.suffix.lower() != caption_ext.lower()]
-    if rep.ok: return rep
-    if not rep.skipped:
-        raise ValueError(f"no image files in {folder}: the folder is empty. Put 10-50 images of "
-                         f"the concept there (png/jpg/webp), each optionally with a caption file "
-                         f"of the same name")
-    small = all("too small" in why for _, why in rep.skipped)
-    hint = (" (all images are smaller than the training size: lower size, or pass "
-            "upscale_small=True)" if small else "")
-    raise ValueError(f"no usable images in {folder}: all {len(rep.skipped)} files were skipped"
-                     f"{hint}\n{rep!r}")
-
 # %% ../nbs/41_lora_dataset.ipynb #56742646
 class ConceptDataset(Dataset):
     """A LoRA training set from a folder of images with optional caption sidecars.
@@ -198,10 +71,10 @@ class ConceptDataset(Dataset):
                  trigger: str | None = None, min_size: int | None = None,
                  upscale_small: bool = False, buckets: bool = False,
                  augment: Callable | None = None, repeats: int = 1, seed: int = 0):
-        _check_dataset_args(size, channels, caption_ext, repeats)
+        check_dataset_args(size, channels, caption_ext, repeats)
         self.folder, self.size, self.channels = Path(folder), size, channels
         self.min_size = 1 if upscale_small else (size if min_size is None else min_size)
-        self.report: FolderReport = _usable_images(self.folder, self.min_size, caption_ext)
+        self.report: FolderReport = usable_images(self.folder, self.min_size, caption_ext)
         self.files = list(self.report.ok)
         self.captions, self.caption_sources = read_captions(self.files, caption_ext, captioner)
         if trigger:
@@ -259,112 +132,3 @@ def __repr__(self):
     return (f"ConceptDataset({self.folder.name!r}, n={len(self.files)}, "
             f"skipped={len(self.report.skipped)}, size={self.size}, "
             f"buckets={len(set(self.buckets))})")
-
-# %% ../nbs/41_lora_dataset.ipynb #33f8aacf
-class BucketBatchSampler(Sampler):
-    """Batches of indices of a `ConceptDataset` that share one bucket (so they stack), shuffled with
-    `seed` each epoch. `drop_last=False` keeps the small last batch of each bucket."""
-    def __init__(self, dataset: ConceptDataset, batch_size: int, seed: int = 0,
-                 drop_last: bool = False):
-        if batch_size < 1: raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-        self.ds, self.bs, self.drop_last = dataset, batch_size, drop_last
-        self.epoch, self.seed = 0, seed
-
-    def _batches(self):
-        rng = np.random.default_rng(self.seed + self.epoch)
-        by = {}
-        for i in rng.permutation(len(self.ds)):
-            by.setdefault(self.ds.buckets[i % len(self.ds.files)], []).append(int(i))
-        out = [v[k:k + self.bs] for v in by.values() for k in range(0, len(v), self.bs)]
-        if self.drop_last: out = [b for b in out if len(b) == self.bs]
-        return [out[j] for j in rng.permutation(len(out))]
-
-    def __iter__(self):
-        yield from self._batches()
-        self.epoch += 1
-
-    def __len__(self): return len(self._batches())
-
-# %% ../nbs/42_lora_training.ipynb #e1b4475d
-BASE_CLASSES = tuple(range(9))
-NUM_CLASSES = 10
-DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-
-# %% ../nbs/42_lora_training.ipynb #105d6bd7
-import torch.nn as nn
-from .ddpm import DDPMConfig, load_pretrained_ddpm, make_scheduler, sample
-
-BASE_RECIPE = dict(block_out_channels=(32, 64, 64), norm_num_groups=16, batch_size=64, lr=3e-3,
-                   warmup_steps=30, ema_decay=0.98, checkpoint_every=100)
-
-def base_config(steps: int = 1000, **kw) -> DDPMConfig:
-    """The unit's base model: a unit 1 `DDPMConfig` (a 3-level UNet of 32-64-64 channels,
-    `BASE_RECIPE`) trained for `steps` steps, class-conditional with `num_classes=10`, on digits 0-8
-    only (`classes`): class 9 is the reserved trigger slot. `kw` override any field."""
-    return DDPMConfig(**{**BASE_RECIPE, "classes": BASE_CLASSES, "num_classes": NUM_CLASSES,
-                         "steps": steps, **kw})
-
-def load_base(config: DDPMConfig | None = None, device=None, progress: bool = True) -> nn.Module:
-    """The base `UNet2DModel` for `config` (default `base_config()`), from the course cache or
-    trained there (`course_lib.ddpm.load_pretrained_ddpm`). `model.ddpm_config` holds the config."""
-    return load_pretrained_ddpm(config or base_config(), device=device, progress=progress)
-
-# %% ../nbs/42_lora_training.ipynb #b40e9890
-def encode_prompt(prompt: str, trigger: str = TRIGGER, trigger_class: int = CONCEPT_DIGIT,
-                  known: Sequence[int] = BASE_CLASSES) -> int:
-    """The class index a prompt conditions on: `trigger_class` if the trigger word appears (as a
-    word), else the first known digit named as a word ('three') or a numeral ('3').
-    Case-insensitive. Raises `ValueError` naming the prompt when it names nothing the model
-    knows."""
-    words = re.findall(r"[a-z0-9]+", prompt.lower())
-    if trigger and trigger.lower() in words: return trigger_class
-    for w in words:
-        numeral = w.isdigit() and len(w) == 1
-        d = DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) if numeral else None
-        if d is not None and d in known: return d
-    raise ValueError(f"prompt {prompt!r} names no digit the model knows "
-                     f"({[DIGIT_WORDS[k] for k in known]}) and no trigger word {trigger!r}")
-
-# %% ../nbs/42_lora_training.ipynb #490498aa
-@torch.no_grad()
-def generate(unet: nn.Module, prompts: str | Sequence[str], n: int | None = None, seed: int = 0,
-             num_inference_steps: int = 20, trigger: str = TRIGGER,
-             sampler: str = "dpm++") -> torch.Tensor:
-    """Images for `prompts` (one prompt repeated `n` times, or one image per prompt) with unit 1's
-    `sample` and a `make_scheduler(sampler)` of the model's `ddpm_config` (default 'dpm++':
-    DPM-Solver++ 2M SDE with unit 1's recommended settings). Same prompts, seed, steps and adapters
-    give the same images: x_T and the sampler's noise are drawn from one `torch.Generator(seed)` on
-    the CPU.
-
-    Returns `(N, C, H, W)` float32 in [-1, 1]. Raises `ValueError` for a prompt `encode_prompt`
-    cannot read."""
-    prompts = [prompts] * (n or 1) if isinstance(prompts, str) else list(prompts)
-    labels = [encode_prompt(p, trigger) for p in prompts]
-    scheduler = make_scheduler(sampler, unet.ddpm_config)
-    g = torch.Generator().manual_seed(seed)
-    return sample(unet, scheduler, len(labels), num_inference_steps, generator=g,
-                  class_labels=labels)[1]
-
-# %% ../nbs/43_lora_export.ipynb #814d8656
-def write_style_folder(folder: str | os.PathLike, n: int = 45, style: str = "bold", seed: int = 0,
-                       pixels: int = 32) -> Path:
-    """Write `n` real digits 0-8 (scikit-learn's scans, 8x8, as `pixels`-wide PNGs) in a `style`
-    ('bold': each pixel the max of its 2x2 neighbourhood, thicker strokes) with captions 'a photo of
-    digit {word}'. Returns the folder. Raises `ValueError` for an unknown style or `pixels` not in
-    (8, 16, 32)."""
-    import torch.nn.functional as F
-    from PIL import Image
-    from course_lib.data import resize_uint8
-    if style != "bold": raise ValueError(f"unknown style {style!r}; available: ['bold']")
-    if pixels not in (8, 16, 32): raise ValueError(f"pixels must be 8, 16 or 32, got {pixels!r}")
-    ds = Digits("train", size=8, dtype="uint8", classes=list(BASE_CLASSES))
-    idx = np.random.default_rng(seed).permutation(len(ds))[:n]
-    x = ds.images[torch.as_tensor(idx)].float()
-    x = F.max_pool2d(F.pad(x, (0, 1, 0, 1)), 2, stride=1).to(torch.uint8)        # thicker strokes
-    if pixels != 8: x = resize_uint8(x, pixels)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for j, (im, y) in enumerate(zip(x, ds.labels[torch.as_tensor(idx)])):
-        Image.fromarray(im[0].numpy(), "L").save(folder/f"{style}_{j:03d}.png")
-        (folder/f"{style}_{j:03d}.txt").write_text(f"a photo of digit {DIGIT_WORDS[int(y)]}\n")
-    return folder

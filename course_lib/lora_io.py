@@ -4,73 +4,22 @@
 
 # %% ../nbs/43_lora_export.ipynb #e9f6be85
 from __future__ import annotations
-import base64, copy, hashlib, io, json, os, re, struct, warnings
+import os, re, warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
 import torch.nn as nn
 
-import course_lib
-from .core import atomic_write, cache_dir, unwrap_model
+from .core import atomic_write, unwrap_model
 from .lora import (active_adapters, adapter_names, merge_adapters, remove_adapter,
                              set_adapters, unmerge_adapters)
-from .lora_data import TRIGGER, ConceptDataset, write_concept_folder, write_style_folder
-from .lora_train import (LoRATrainConfig, add_lora, base_config, check_lora_folder,
-                                   generate, load_base, parse_adapter_spec, train_lora)
-
-# defined in course_lib.lora now: `from course_lib.lora_io import ...` keeps working
-_all_ = ["active_adapters", "merge_adapters", "remove_adapter", "unmerge_adapters"]
+from .lora_files import (ADAPTER_FORMAT, adapter_metadata, base_fingerprint,
+                                   check_adapter_file, check_adapter_keys, read_adapter)
+from .lora_train import add_lora
 
 # %% auto #0
-__all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'base_fingerprint', 'save_adapter', 'foreign_layout', 'parse_adapter_metadata',
-           'read_adapter', 'load_adapter', 'train_adapter', 'adapter_path', 'adapter_is_cached',
-           'load_or_train_adapter', 'adapter_gallery', 'lora_main', 'active_adapters', 'merge_adapters',
-           'remove_adapter', 'unmerge_adapters']
-
-# %% ../nbs/43_lora_export.ipynb #719097a5
-ADAPTER_FORMAT = "course_lib.lora/1"
-REQUIRED_METADATA = ("format", "base_hash", "rank", "alpha", "target_modules")
-
-def base_fingerprint(unet: nn.Module) -> str:
-    """SHA-256 (first 16 hex digits) of the base weights of `unet`: every tensor of its state dict
-    except LoRA weights, names normalised (peft's `.base_layer` removed), in sorted order. Equal for
-    the same base with or without adapters. Raises `ValueError` when an adapter is merged into the
-    weights (unmerge first)."""
-    from peft.tuners.lora import LoraLayer
-    unet = unwrap_model(unet)                       # a compiled / DataParallel model: the same base
-    if any(isinstance(m, LoraLayer) and m.merged for m in unet.modules()):
-        raise ValueError("an adapter is merged into the base weights; call unmerge_adapters(model) "
-                         "before hashing or loading")
-    h = hashlib.sha256()
-    sd = {k.replace(".base_layer", ""): v for k, v in unet.state_dict().items() if "lora_" not in k}
-    for k in sorted(sd):
-        t = sd[k].detach().to("cpu").contiguous()
-        for part in (k, str(t.dtype), str(tuple(t.shape))): h.update(part.encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
-
-# %% ../nbs/43_lora_export.ipynb #d76e7979
-def _adapter_metadata(unet: nn.Module, adapter_name: str, base_model: str, trigger: str | None,
-                      training_config: Mapping | None, dataset: Mapping | None) -> dict[str, str]:
-    import peft
-    pc = unet.peft_config[adapter_name]
-    unsupported = {k: getattr(pc, k, None) for k in ("use_dora", "lora_bias", "fan_in_fan_out")
-                   if getattr(pc, k, None)}
-    if unsupported:
-        raise ValueError(f"adapter {adapter_name!r} uses {unsupported}, which {ADAPTER_FORMAT} "
-                         "does not store: it would reload with other outputs. Save it with peft's "
-                         "own save_pretrained")
-    targets = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
-    return {"format": ADAPTER_FORMAT, "base_model": base_model, "base_hash": base_fingerprint(unet),
-            "rank": str(pc.r), "alpha": str(float(pc.lora_alpha)),
-            "target_modules": json.dumps(targets),
-            "use_rslora": json.dumps(bool(pc.use_rslora)),
-            "rank_pattern": json.dumps(dict(pc.rank_pattern or {})),
-            "alpha_pattern": json.dumps(dict(pc.alpha_pattern or {})), "trigger": trigger or "",
-            "training_config": json.dumps(dict(training_config or {}), default=str),
-            "dataset": json.dumps(dict(dataset or {}), default=str), "adapter_name": adapter_name,
-            "course_lib_version": course_lib.__version__, "peft_version": peft.__version__}
+__all__ = ['save_adapter', 'load_adapter']
 
 # %% ../nbs/43_lora_export.ipynb #e204d9be
 def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "concept",
@@ -92,144 +41,12 @@ def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "
     names = adapter_names(unet)
     if adapter_name not in names:
         raise ValueError(f"no adapter {adapter_name!r} in the model; adapters: {names}")
-    meta = _adapter_metadata(unet, adapter_name, base_model, trigger, training_config, dataset)
+    meta = adapter_metadata(unet, adapter_name, base_model, trigger, training_config, dataset)
     sd = {k: v.detach().to("cpu", torch.float32).contiguous()
           for k, v in get_peft_model_state_dict(unet, adapter_name=adapter_name).items()}
     data = save(sd, metadata=meta)
     with atomic_write(path, "wb") as f: f.write(data)
     return path
-
-# %% ../nbs/43_lora_export.ipynb #4bff0b50
-def foreign_layout(keys: Sequence[str], metadata: Mapping) -> str | None:
-    """What kind of LoRA file `keys` (tensor names) and `metadata` describe when it is not
-    course_lib's own: a kohya-ss (sd-scripts) file, a diffusers `save_lora_weights` file, or a peft
-    `save_pretrained` file. None when nothing foreign is recognised."""
-    k0 = next(iter(sorted(keys)), "")
-    kohya_keys = any(k.startswith(("lora_unet_", "lora_te")) or "lora_down" in k for k in keys)
-    if kohya_keys or any(str(m).startswith("ss_") for m in metadata):
-        dims = {m: metadata[m] for m in ("ss_network_dim", "ss_network_alpha") if m in metadata}
-        return f"a kohya-ss (sd-scripts) LoRA (keys like {k0!r}{', ' + str(dims) if dims else ''})"
-    if any(k.startswith(("unet.", "transformer.", "text_encoder")) for k in keys):
-        return f"a diffusers LoRA, as save_lora_weights writes it (keys like {k0!r})"
-    if any(k.startswith("base_model.model.") for k in keys):
-        return (f"a peft save_pretrained adapter (keys like {k0!r}): load it with "
-                f"PeftModel.from_pretrained")
-    return None
-
-# %% ../nbs/43_lora_export.ipynb #61bafcd7
-def _safetensors_header(path: Path) -> dict:
-    raw = path.read_bytes()[:8]
-    kind = ("a zip archive (a torch.save .pt/.bin file?)" if raw[:2] == b"PK" else
-            "a pickle (a .bin/.ckpt file?)" if raw[:1] == b"\x80" else None)
-    try:
-        if len(raw) < 8: raise ValueError("file too short")
-        n = struct.unpack("<Q", raw)[0]
-        if n > min(path.stat().st_size - 8, 100_000_000):
-            raise ValueError("header length beyond the file")
-        with open(path, "rb") as f:
-            f.seek(8)
-            header = json.loads(f.read(n))
-        if not isinstance(header, dict): raise ValueError("header is not a JSON object")
-        return header
-    except (ValueError, UnicodeDecodeError, struct.error) as e:
-        what = kind or f"not readable as safetensors ({e})"
-        raise ValueError(f"{path} is not a safetensors file: it looks like {what}. Adapters are "
-                         "loaded from .safetensors only; convert a trusted pickle with "
-                         "safetensors.torch.save_file") from None
-
-# %% ../nbs/43_lora_export.ipynb #eeea2255
-def parse_adapter_metadata(path: str | os.PathLike, meta: Mapping[str, str]) -> dict:
-    """The string metadata `meta` of adapter file `path` parsed: rank int, alpha float,
-    target_modules, training_config, dataset, rank_pattern, alpha_pattern and use_rslora from JSON.
-    Raises `ValueError` naming the file, the key and its value for one that does not parse (a rank
-    'two', target_modules that are not JSON): a damaged or hand-edited header."""
-    out = dict(meta)
-    def parsed(key, parse, what, default=None):
-        raw = meta.get(key) or default
-        try: return parse(raw)
-        except (ValueError, TypeError):
-            raise ValueError(f"{Path(path).name}: adapter metadata {key!r} is {raw!r}, not {what}: "
-                             "the header is damaged or was edited; re-export it with "
-                             "save_adapter") from None
-    out["rank"] = parsed("rank", int, "an integer")
-    if out["rank"] < 1:
-        raise ValueError(f"{Path(path).name}: adapter metadata 'rank' is {out['rank']}, not an "
-                         "integer >= 1: the header is damaged or was edited; re-export it with "
-                         "save_adapter")
-    out["alpha"] = parsed("alpha", float, "a number")
-    for k in ("target_modules", "training_config", "dataset", "rank_pattern", "alpha_pattern"):
-        out[k] = parsed(k, json.loads, "JSON", "{}")
-    out["use_rslora"] = parsed("use_rslora", json.loads, "JSON (true or false)", "false")
-    return out
-
-
-# %% ../nbs/43_lora_export.ipynb #a8181860
-def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
-    """`(tensors, metadata)` of an adapter file, metadata parsed (rank int, alpha float,
-    target_modules list, training_config and dataset dicts). Raises `FileNotFoundError`, and
-    `ValueError` for a file that is not safetensors or lacks required metadata (format, base_hash,
-    rank, alpha, target_modules), naming what is missing, for metadata that does not parse (a rank
-    that is not an integer, target_modules that are not JSON), and for damaged tensor data."""
-    from safetensors.torch import load_file
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no adapter file at {path}")
-    header = _safetensors_header(path)
-    meta = dict(header.get("__metadata__") or {})
-    bad = {k: v for k, v in meta.items() if not isinstance(v, str)}
-    if bad:
-        k, v = next(iter(bad.items()))
-        raise ValueError(f"{path.name}: metadata {k!r} is a {type(v).__name__} ({v!r}), but "
-                         "safetensors metadata maps strings to strings (the safetensors library "
-                         "refuses this file): re-save it with string values")
-    keys = [k for k in header if k != "__metadata__"]
-    foreign = None if meta.get("format") == ADAPTER_FORMAT else foreign_layout(keys, meta)
-    if foreign:
-        raise ValueError(f"{path.name} is {foreign}. course_lib reads its own adapters "
-                         f"({ADAPTER_FORMAT}: peft keys such as "
-                         f"'mid_block.attentions.0.to_q.lora_A.weight' and the metadata "
-                         f"{list(REQUIRED_METADATA)}), as save_adapter writes them")
-    missing = [k for k in REQUIRED_METADATA if not meta.get(k)]
-    if missing:
-        extra = (" Without alpha the scale alpha/rank is unknown and the adapter would load at the "
-                 "wrong strength." if "alpha" in missing else "")
-        extra += " Re-export it with save_adapter."
-        raise ValueError(f"{path.name}: adapter metadata is missing {missing}.{extra}")
-    if meta["format"] != ADAPTER_FORMAT:
-        raise ValueError(f"{path.name}: unknown adapter format {meta['format']!r}; this version "
-                         f"reads {ADAPTER_FORMAT!r}")
-    meta = parse_adapter_metadata(path, meta)
-    try: tensors = load_file(str(path))
-    except Exception as e:                  # safetensors' own error: a cut or damaged body
-        raise ValueError(f"{path.name}: the adapter's tensors cannot be read ({e}); the file is "
-                         "damaged (a copy that stopped early?): copy or export it again") from None
-    return tensors, meta
-
-# %% ../nbs/43_lora_export.ipynb #e6c4fac2
-def _check_adapter_file(unet: nn.Module, path, tensors: dict, meta: dict, name: str,
-                        check_base: bool) -> None:
-    if name in adapter_names(unet):
-        raise ValueError(f"the model already has an adapter {name!r}; pass another adapter_name")
-    if check_base and (have := base_fingerprint(unet)) != meta["base_hash"]:
-        raise ValueError(f"{Path(path).name} was trained on base model "
-                         f"{meta.get('base_model') or '?'} with weight hash {meta['base_hash']}, "
-                         f"but this model's hash is {have}: load it into that base (or pass "
-                         "check_base=False if you know the weights are equivalent)")
-    ranks = {t.shape[0] for k, t in tensors.items() if ".lora_A." in k}
-    if not ranks <= {meta["rank"], *meta["rank_pattern"].values()}:
-        raise ValueError(f"{Path(path).name}: metadata says rank {meta['rank']} but the lora_A "
-                         f"weights have rank(s) {sorted(ranks)}")
-
-def _check_keys(unet: nn.Module, path, tensors: dict, name: str) -> None:
-    from peft.functional import get_peft_model_state_dict
-    sd = get_peft_model_state_dict(unet, adapter_name=name)
-    want = {k: tuple(v.shape) for k, v in sd.items()}
-    got = {k: tuple(v.shape) for k, v in tensors.items()}
-    missing, unexpected = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    bad = sorted(k for k in set(want) & set(got) if want[k] != got[k])
-    if missing or unexpected or bad:
-        raise ValueError(f"{Path(path).name} does not fit this model: {len(missing)} missing keys "
-                         f"{missing[:3]}, {len(unexpected)} unexpected keys {unexpected[:3]}, "
-                         f"{len(bad)} shape mismatches {[(k, got[k], want[k]) for k in bad[:3]]}")
 
 # %% ../nbs/43_lora_export.ipynb #1bb53ff4
 def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | None = None,
@@ -247,14 +64,14 @@ def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | N
     unet = unwrap_model(unet)                       # peft's layers live in the plain model
     tensors, meta = read_adapter(path)
     name = adapter_name or re.sub(r"[^\w-]", "_", meta.get("adapter_name") or Path(path).stem)
-    _check_adapter_file(unet, path, tensors, meta, name, check_base)
+    check_adapter_file(unet, path, tensors, meta, name, check_base)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         add_lora(unet, meta["rank"], meta["alpha"], meta["target_modules"], adapter_name=name,
                  use_rslora=meta["use_rslora"], rank_pattern=meta["rank_pattern"],
                  alpha_pattern=meta["alpha_pattern"])
     try:
-        _check_keys(unet, path, tensors, name)
+        check_adapter_keys(unet, path, tensors, name)
         set_peft_model_state_dict(unet, tensors, adapter_name=name)
     except Exception:
         delete_adapter(unet, name, prefix="lora_")
@@ -263,196 +80,3 @@ def load_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str | N
     unet.requires_grad_(False)
     set_adapters(unet, {name: 1.0})
     return {**meta, "adapter_name": name}
-
-# %% ../nbs/43_lora_export.ipynb #8fc9f474
-def train_adapter(base: nn.Module, folder: str | os.PathLike, out: str | os.PathLike,
-                  config: LoRATrainConfig | None = None, base_model: str = "",
-                  trigger: str | None = None, progress: bool = False) -> Path:
-    """Train a LoRA on the images and captions in `folder` (a `ConceptDataset` at the base's
-    resolution, `base` is copied, not changed) and save it to `out` (.safetensors) with its
-    metadata. Returns the path."""
-    cfg = config or LoRATrainConfig()
-    dcfg = base.ddpm_config
-    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels)
-    model = copy.deepcopy(base)
-    res = train_lora(model, ds, cfg, progress=progress)
-    training = {**cfg.to_dict(), "seconds": round(res.seconds, 1)}
-    return save_adapter(model, out, cfg.adapter_name, base_model=base_model or dcfg.key(),
-                        trigger=trigger, training_config=training, dataset=ds.summary())
-
-# %% ../nbs/43_lora_export.ipynb #4228b720
-def adapter_path(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
-                 n_images: int = 40) -> Path:
-    """Where `load_or_train_adapter(kind, base, config, n_images)` keeps its file in the course
-    cache: a key of the base's weights, the kind, the image count and size, and the training
-    settings. Raises `ValueError` for a `kind` other than 'concept' or 'bold'."""
-    from course_lib.cache import cache_key
-    if kind not in ("concept", "bold"):
-        raise ValueError(f"unknown adapter kind {kind!r}; choose 'concept' or 'bold'")
-    cfg = config or LoRATrainConfig(adapter_name=kind)
-    setting = {"base": base_fingerprint(base), "kind": kind, "n_images": n_images,
-               "pixels": base.ddpm_config.image_size, "train": cfg.to_dict()}
-    key = cache_key("lora_adapter", setting, code_version=1)
-    return cache_dir("lora", "adapters")/f"{kind}-{key}.safetensors"
-
-def adapter_is_cached(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
-                      n_images: int = 40) -> bool:
-    "True when `load_or_train_adapter` with these arguments loads the file instead of training."
-    return adapter_path(kind, base, config, n_images).is_file()
-
-# %% ../nbs/43_lora_export.ipynb #9ad28a49
-def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | None = None,
-                          n_images: int = 40, progress: bool = False) -> Path:
-    """The adapter file for `kind` ('concept': real nines behind the trigger, 'bold': bold-stroke
-    style) trained on `base` with `config`, from `cache_dir('lora', 'adapters')` (`adapter_path`)
-    or trained there (file lock against concurrent runs). The images are written at the base's own
-    resolution (no resampling: see notebook 42)."""
-    from course_lib.cache import cache_lock
-    cfg = config or LoRATrainConfig(adapter_name=kind)
-    path = adapter_path(kind, base, cfg, n_images)
-    px = base.ddpm_config.image_size
-    with cache_lock(path):      # concurrent runs train once; a read-only cache is read
-        if not path.is_file():
-            import tempfile as _tf, shutil as _sh
-            tmp = Path(_tf.mkdtemp(prefix="lora_data_"))
-            try:
-                write = write_concept_folder if kind == "concept" else write_style_folder
-                data = write(tmp/("nines" if kind == "concept" else "bold"), n=n_images, pixels=px)
-                trigger = cfg.trigger if kind == "concept" else None
-                train_adapter(base, data, path, cfg, trigger=trigger, progress=progress)
-            finally: _sh.rmtree(tmp, ignore_errors=True)
-    return path
-
-# %% ../nbs/43_lora_export.ipynb #2855b361
-def _png_data_uri(imgs: torch.Tensor, upscale: int) -> str:
-    "A grid of `imgs` (B, C, H, W) as a PNG data URI, each pixel an `upscale` x `upscale` square."
-    from PIL import Image
-    from course_lib.viz import image_grid
-    im = Image.fromarray(image_grid(imgs, nrow=len(imgs)))
-    im = im.resize((im.width * upscale, im.height * upscale), Image.NEAREST)
-    buf = io.BytesIO()
-    im.save(buf, format="png")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-def adapter_gallery(items: Sequence[tuple[str, Mapping, torch.Tensor]], upscale: int = 6) -> str:
-    """HTML table of adapters: `items` of `(name, metadata, preview images (B, C, H, W))`. Shows the
-    trigger word, rank/alpha, image count and a preview grid (PNG, nearest-neighbour `upscale`).
-    Returns the HTML string (display it with `IPython.display.HTML`)."""
-    from html import escape
-    rows = []
-    for name, meta, imgs in items:
-        trig = escape(meta.get("trigger") or "(none: always on)")
-        n = (meta.get("dataset") or {}).get("n_images", "?")
-        cells = [f"<b>{escape(name)}</b>", f"<code>{trig}</code>",
-                 f"{meta.get('rank')}/{meta.get('alpha')}", f"{n}",
-                 f"<img src='{_png_data_uri(imgs, upscale)}'/>"]
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    heads = ("adapter", "trigger", "rank/alpha", "images", "preview")
-    head = "".join(f"<th>{h}</th>" for h in heads)
-    return f"<table><tr>{head}</tr>" + "".join(rows) + "</table>"
-
-# %% ../nbs/43_lora_export.ipynb #38c3b230
-def _lora_parser():
-    "The `course lora` argument parser: `train`, `info` and `generate`."
-    import argparse
-    p = argparse.ArgumentParser(prog="course lora",
-                                description="train, inspect and use LoRA adapters (unit 4)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train",
-                       help="train an adapter on a folder of images (+ caption .txt files)")
-    t.add_argument("folder", type=Path)
-    t.add_argument("out", type=Path)
-    for flag, kind, default in [("--rank", int, 8), ("--alpha", float, None), ("--lr", float, 3e-3),
-                                ("--steps", int, 600), ("--batch-size", int, 16),
-                                ("--prior-images", int, 256), ("--trigger", str, TRIGGER),
-                                ("--base-steps", int, 1000)]:
-        t.add_argument(flag, type=kind, default=default)
-    t.add_argument("--log", type=Path, default=None, help="path stem for the CSV/JSONL metrics")
-    i = sub.add_parser("info", help="print an adapter's metadata")
-    i.add_argument("adapter", type=Path)
-    gp = sub.add_parser("generate", help="generate a grid of images for a prompt")
-    gp.add_argument("prompt")
-    gp.add_argument("out", type=Path)
-    gp.add_argument("--adapter", action="append", default=[],
-                    help="PATH or PATH=WEIGHT (repeatable)")
-    for flag, default in [("--n", 16), ("--seed", 0), ("--steps", 20), ("--base-steps", 1000)]:
-        gp.add_argument(flag, type=int, default=default)
-    return p
-
-# %% ../nbs/43_lora_export.ipynb #bd11f80b
-def _lora_train(a, err) -> int:
-    if a.out.suffix != ".safetensors":
-        return err(f"OUT must end in .safetensors, got {a.out.name!r}")
-    if not a.folder.is_dir():                                       # before loading the base
-        return err(f"image folder {a.folder} does not exist" if not a.folder.exists() else
-                   f"{a.folder} is a file, not a folder: pass the folder that holds the images "
-                   "and their caption .txt files")
-    cfg = LoRATrainConfig(rank=a.rank, alpha=a.alpha or float(a.rank), lr=a.lr, steps=a.steps,
-                          batch_size=a.batch_size, prior_images=a.prior_images, trigger=a.trigger,
-                          preview_every=0)                          # settings: checked here
-    bcfg = base_config(a.base_steps)
-    check_lora_folder(a.folder, a.trigger, size=bcfg.image_size)    # images, captions, trigger
-    base = load_base(bcfg)                                          # only then the base model
-    ds = ConceptDataset(a.folder, size=base.ddpm_config.image_size, trigger=None)
-    model = copy.deepcopy(base)
-    res = train_lora(model, ds, cfg, log=a.log, progress=True)
-    save_adapter(model, a.out, cfg.adapter_name, base.ddpm_config.key(), a.trigger, cfg.to_dict(),
-                 ds.summary())
-    print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.1f} KB) after {len(res.history)} steps, "
-          f"final loss {res.history[-1]['loss']:.4f}")
-    return 0
-
-# %% ../nbs/43_lora_export.ipynb #50597d25
-def _lora_generate(a, err) -> int:
-    from course_lib.viz import save_image_grid
-    specs = [parse_adapter_spec(s) for s in a.adapter]              # before the base loads
-    base = load_base(base_config(a.base_steps))
-    weights, triggers = {}, []
-    for path, w in specs:
-        name = re.sub(r"[^\w-]", "_", Path(path).stem)
-        while name in weights: name += "_"
-        try: meta = load_adapter(base, path, adapter_name=name)
-        except ValueError as e:    # on the command line, the base is chosen by --base-steps
-            if "weight hash" not in str(e): raise
-            return err(f"{e.args[0].split(': load it')[0]}: pass the --base-steps the adapter was "
-                       f"trained with (this run used --base-steps {a.base_steps})")
-        weights[meta["adapter_name"]] = w
-        triggers.append(meta.get("trigger"))
-    set_adapters(base, weights)
-    trigger = next((t for t in triggers if t), TRIGGER)    # the word the adapter was trained with
-    x = generate(base, a.prompt, n=a.n, seed=a.seed, num_inference_steps=a.steps, trigger=trigger)
-    save_image_grid(x, a.out, upscale=4)
-    print(f"wrote {a.out}")
-    return 0
-
-# %% ../nbs/43_lora_export.ipynb #3686b760
-def lora_main(argv: list[str]) -> int:
-    """`course lora` command. Subcommands:
-
-    - `train FOLDER OUT.safetensors [--rank R --alpha A --lr LR --steps N --batch-size B
-      --base-steps N --trigger W]`
-    - `info ADAPTER.safetensors` (prints the metadata as JSON)
-    - `generate PROMPT OUT.png [--adapter PATH[=WEIGHT] ...] [--n N --seed S --steps N
-      --base-steps N]`
-
-    Returns 0 on success, 2 for bad arguments or an unusable file/folder (with the reason on
-    stderr)."""
-    import sys
-    try: a = _lora_parser().parse_args(argv)
-    except SystemExit as e: return int(e.code or 0) and 2
-    def err(m):
-        print(f"course lora {a.cmd}: {m}", file=sys.stderr)
-        return 2
-    low = [f"--{k.replace('_', '-')} {getattr(a, k)}" for k in ("base_steps", "n", "steps")
-           if getattr(a, k, 1) < 1]
-    if low: return err(f"{', '.join(low)}: must be >= 1")
-    try:
-        if a.cmd == "info":
-            _, meta = read_adapter(a.adapter)
-            print(json.dumps(meta, indent=1))
-            return 0
-        if a.cmd == "train": return _lora_train(a, err)
-        if a.cmd == "generate": return _lora_generate(a, err)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
-        return err(str(e))
-    return 2

@@ -4,35 +4,29 @@
 
 # %% ../nbs/42_lora_training.ipynb #0281cbc5
 from __future__ import annotations
-import contextlib, copy, csv, io, json, math, os, threading, time, warnings
+import contextlib, math, os, threading, time
 from dataclasses import dataclass, asdict
 from functools import partial
-from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .core import grad_enabled, get_device
 from .ddpm import DDPMConfig, diffusion_target, make_scheduler, sample
-from .lora import (LORA_TARGETS, PeakMemory, adapter_file_bytes, add_lora,
-                             check_target_modules, training_state_bytes)
-from .lora_data import (BASE_CLASSES, BASE_RECIPE, CONCEPT_DIGIT, DIGIT_WORDS,
-                                  NUM_CLASSES, TRIGGER, ConceptDataset, base_config, encode_prompt,
-                                  generate, load_base)
-from .core import patch_to
-
-# defined in other modules now: `from course_lib.lora_train import ...` keeps working
-_all_ = ["check_target_modules", "adapter_file_bytes", "BASE_RECIPE", "NUM_CLASSES", "base_config",
-         "load_base", "encode_prompt"]
+from .lora import LORA_TARGETS, add_lora
+from .lora_base import (BASE_CLASSES, CONCEPT_DIGIT, DIGIT_WORDS, TRIGGER, base_config,
+                                  check_captions, encode_prompt, generate, load_base)
+from .lora_checks import check_train_config
+from .lora_data import ConceptDataset
+from .lora_metrics import (MetricsLog, PeakMemory, adapter_file_bytes, concept_report,
+                                     loss_figure, png_bytes, training_state_bytes)
+# the names course_lib.flux_dashboard imports from here
+from .lora_metrics import in_notebook_frontend as _in_notebook_frontend, png_bytes as _png
 
 # %% auto #0
-__all__ = ['LoRATrainConfig', 'check_captions', 'check_lora_folder', 'parse_adapter_spec', 'MetricsLog', 'TrainResult',
-           'prior_set', 'diffusion_loss', 'train_lora', 'loss_figure', 'LoRADashboard', 'concept_report',
-           'check_target_modules', 'adapter_file_bytes', 'BASE_RECIPE', 'NUM_CLASSES', 'base_config', 'load_base',
-           'encode_prompt']
+__all__ = ['LoRATrainConfig', 'TrainResult', 'prior_set', 'diffusion_loss', 'train_step', 'preview_if_due', 'train_lora']
 
 # %% ../nbs/42_lora_training.ipynb #b2fd4143
 @dataclass
@@ -60,123 +54,8 @@ class LoRATrainConfig:
     grad_clip: float | None = 1.0
     seed: int = 0
 
-    def __post_init__(self): _check_train_config(self)
+    def __post_init__(self): check_train_config(self)
     def to_dict(self) -> dict: return asdict(self)
-
-# %% ../nbs/42_lora_training.ipynb #a178cc4d
-def _check_train_config(c: LoRATrainConfig) -> None:
-    t = c.target_modules                         # a string is one regular expression, as in peft
-    if not isinstance(t, str) and not (isinstance(t, (list, tuple))
-                                       and all(isinstance(s, str) for s in t)):
-        raise TypeError(f"target_modules must be a string (a regular expression) or a list of "
-                        f"module names, got {t!r}")
-    if not isinstance(t, str): c.target_modules = tuple(t)
-    for k in ("steps", "batch_size", "rank"):
-        v = getattr(c, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{k} must be a positive int, got {v!r}")
-    if not c.lr > 0: raise ValueError(f"lr must be positive, got {c.lr!r}")
-    if not c.alpha > 0: raise ValueError(f"alpha must be positive, got {c.alpha!r}")
-    for k in ("prior_images", "preview_every"):
-        v = getattr(c, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{k} must be an int >= 0 (0: off), got {v!r}")
-    _unused_settings(c)
-
-def _unused_settings(c: LoRATrainConfig) -> None:
-    "Warn, naming them, about settings that change nothing in this configuration."
-    d, unused = LoRATrainConfig.__dataclass_fields__, []
-    if c.full_finetune:        # no adapter: rank, alpha and its targets are not used
-        unused += [k for k in ("rank", "alpha", "target_modules") if getattr(c, k) != d[k].default]
-    if c.prior_images == 0 and c.prior_weight != d["prior_weight"].default:
-        unused.append("prior_weight")                       # no prior images to weight
-    if unused:
-        why = "full_finetune=True trains every weight" if c.full_finetune else "prior_images=0"
-        warnings.warn(f"{', '.join(f'{k}={getattr(c, k)!r}' for k in unused)} has no effect: "
-                      f"{why}", UserWarning, stacklevel=5)
-
-# %% ../nbs/42_lora_training.ipynb #89e927c9
-def check_captions(captions: Sequence[str], sources: Sequence[str], files: Sequence[Path],
-                   trigger: str = TRIGGER, caption_ext: str = ".txt",
-                   require_trigger: bool = True) -> None:
-    """Refuse captions the model cannot read (each must name `trigger` or a digit of the base:
-    `encode_prompt`), naming the images, their captions and any missing caption file. With
-    `require_trigger`, refuse captions none of which holds the trigger (else warn)."""
-    bad = []
-    for f, cap, src in zip(files, captions, sources):
-        try: encode_prompt(cap, trigger)
-        except ValueError: bad.append((Path(f), cap, src))
-    eg = ", ".join(f"{f.name}: {cap!r}" for f, cap, _ in bad[:3])
-    nocap = [f for f, _, src in bad if src != "sidecar"]
-    if nocap:
-        raise ValueError(f"{len(nocap)} of {len(files)} images have no caption file (e.g. "
-                         f"{nocap[0].with_suffix(caption_ext).name}), so their captions come from "
-                         f"the file or folder name ({eg}) and name neither the trigger {trigger!r} "
-                         f"nor a digit: write a caption file beside each image, e.g. 'a photo of "
-                         f"{trigger} digit'")
-    if captions and not any(_names_trigger(cap, trigger) for cap in captions):
-        msg = (f"the trigger {trigger!r} is in none of the {len(captions)} captions (e.g. "
-               f"{captions[0]!r}): the adapter would learn nothing for it. Pass the word the "
-               f"captions use (--trigger), or add it to the captions")
-        if require_trigger: raise ValueError(msg)
-        warnings.warn(msg, UserWarning, stacklevel=3)
-    if bad:
-        raise ValueError(f"{len(bad)} of {len(files)} captions name neither the trigger "
-                         f"{trigger!r} nor a digit the base model knows ({eg}): put the trigger "
-                         f"word in the captions of the concept's images")
-
-def _names_trigger(caption: str, trigger: str) -> bool:
-    try: return encode_prompt(caption, trigger) == CONCEPT_DIGIT
-    except ValueError: return False
-
-
-# %% ../nbs/42_lora_training.ipynb #481b7734
-def check_lora_folder(folder: str | os.PathLike, trigger: str = TRIGGER, size: int = 1,
-                      caption_ext: str = ".txt") -> dict:
-    """What `course lora train` checks before the base model loads: images of at least `size`
-    pixels in `folder`, and their captions (`check_captions`). Returns the counts `{'images',
-    'caption_files', 'with_trigger'}`. Raises `FileNotFoundError` / `ValueError` saying what is
-    missing and what to do."""
-    from course_lib.lora_data import _usable_images, read_captions
-    files = list(_usable_images(Path(folder), size, caption_ext).ok)
-    captions, sources = read_captions(files, caption_ext)
-    check_captions(captions, sources, files, trigger, caption_ext)
-    return {"images": len(files), "caption_files": sources.count("sidecar"),
-            "with_trigger": sum(_names_trigger(c, trigger) for c in captions)}
-
-def parse_adapter_spec(spec: str) -> tuple[str, float]:
-    """`PATH` or `PATH=WEIGHT` (`course lora generate --adapter`) -> `(path, weight)`, weight 1 by
-    default. Raises `ValueError` naming the spec when the weight is not a finite number."""
-    path, eq, w = spec.rpartition("=")
-    if not eq: return spec, 1.0
-    try: weight = float(w)
-    except ValueError: weight = float("nan")
-    if not path or not math.isfinite(weight):
-        raise ValueError(f"--adapter {spec!r}: write PATH or PATH=WEIGHT with WEIGHT a number "
-                         f"(e.g. {path or 'concept.safetensors'}=0.8), got the weight {w!r}")
-    return path, weight
-
-
-# %% ../nbs/42_lora_training.ipynb #9b27f29b
-class MetricsLog:
-    """Append one row (a dict of numbers/strings) per call to `{stem}.jsonl` and `{stem}.csv`
-    (header from the first row's keys). `rows` keeps them in memory, `stem=None` only there."""
-    def __init__(self, stem: str | os.PathLike | None = None):
-        self.stem, self.rows, self._keys = (Path(stem) if stem else None), [], None
-        if self.stem:
-            self.stem.parent.mkdir(parents=True, exist_ok=True)
-            for ext in (".jsonl", ".csv"): Path(f"{self.stem}{ext}").unlink(missing_ok=True)
-
-    def __call__(self, row: dict) -> None:
-        self.rows.append(row)
-        if not self.stem: return
-        with open(f"{self.stem}.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
-        first = self._keys is None
-        self._keys = self._keys or list(row)
-        with open(f"{self.stem}.csv", "a", newline="") as f:
-            w = csv.DictWriter(f, self._keys, extrasaction="ignore")
-            if first: w.writeheader()
-            w.writerow(row)
 
 # %% ../nbs/42_lora_training.ipynb #effdca50
 @dataclass
@@ -222,8 +101,8 @@ def diffusion_loss(model: nn.Module, schedule, dcfg: DDPMConfig, x0: torch.Tenso
     return F.mse_loss(out.float(), target.to(device))
 
 # %% ../nbs/42_lora_training.ipynb #dda5bdd4
-def _train_step(loss_on: Callable, batch: tuple, prior, cfg: LoRATrainConfig, acc, opt, params,
-                gen: torch.Generator, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def train_step(loss_on: Callable, batch: tuple, prior, cfg: LoRATrainConfig, acc, opt, params,
+               gen: torch.Generator, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     "One optimizer step on the concept `batch` (+ prior images). Returns the three losses."
     loss_c = loss_on(*batch)
     loss = loss_c
@@ -267,8 +146,8 @@ def _prepare(unet: nn.Module, dataset: ConceptDataset, cfg: LoRATrainConfig, pri
     return acc, model, opt, params, prior, labels
 
 # %% ../nbs/42_lora_training.ipynb #c188510e
-def _preview(acc, model: nn.Module, cfg: LoRATrainConfig, step: int,
-             previews: list) -> torch.Tensor | None:
+def preview_if_due(acc, model: nn.Module, cfg: LoRATrainConfig, step: int,
+                   previews: list) -> torch.Tensor | None:
     "Images for the trigger after step `step` (0-based) when one is due (also added to `previews`)."
     if not cfg.preview_every: return None
     if (step + 1) % cfg.preview_every and step + 1 != cfg.steps: return None
@@ -306,13 +185,13 @@ def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig
         x0 = torch.stack([dataset[int(i)]["x"] for i in idx])   # (B, C, H, W) in [-1, 1], augmented
         with pm if step == 0 else contextlib.nullcontext():
             batch = (x0, labels[idx % len(dataset.files)])
-            loss, loss_c, loss_p = _train_step(loss_on, batch, prior, cfg, acc, opt, params, gen,
-                                               step)
+            loss, loss_c, loss_p = train_step(loss_on, batch, prior, cfg, acc, opt, params, gen,
+                                              step)
         if step: t_steps += time.time() - ts
         row = {"step": step + 1, "loss": loss.item(), "concept_loss": loss_c.item(),
                "prior_loss": loss_p.item(), "lr": cfg.lr, "seconds": round(time.time() - t0, 3)}
         logger(row)
-        preview = _preview(acc, model, cfg, step, previews)
+        preview = preview_if_due(acc, model, cfg, step, previews)
         if callback is not None: callback(row, preview)
         if stop_event is not None and stop_event.is_set():
             stopped = True
@@ -330,188 +209,3 @@ def _result(acc, model, opt, params, cfg, rows, previews, stopped, t0, t_steps, 
     n_tot = sum(p.numel() for n, p in unet.named_parameters() if "lora_" not in n)   # the base's
     return TrainResult(rows, previews, stopped, secs, s_step, n_tr, n_tot,
                        training_state_bytes(unet, opt), peak, cfg.to_dict())
-
-# %% ../nbs/42_lora_training.ipynb #6f67a441
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    return buf.getvalue()
-
-def loss_figure(history: Sequence[dict], title: str = "LoRA training loss"):
-    """A matplotlib `Figure` (not attached to pyplot) of the loss and, where every row of `history`
-    has them, the concept and prior losses (the FLUX trainer's rows carry the loss alone)."""
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(4.5, 2.6))
-    ax = fig.subplots()
-    if history:
-        s = [r["step"] for r in history]
-        for k in ("loss", "concept_loss", "prior_loss"):
-            if not all(k in r for r in history): continue    # FLUX rows have no concept/prior split
-            v = np.array([r[k] for r in history])
-            w = min(25, len(v))                                  # a running mean over 25 steps
-            ax.plot(s[w - 1:], np.convolve(v, np.ones(w) / w, "valid"), label=k)
-        ax.set_yscale("log")
-        ax.legend(fontsize=7)
-    ax.set_xlabel("step")
-    ax.set_title(title, fontsize=9)
-    return fig
-
-def _in_notebook_frontend() -> bool:
-    if os.environ.get("COURSE_LIB_NOTEBOOK") or os.environ.get("PAPERMILL_EXECUTION"): return False
-    try:
-        from IPython import get_ipython
-        ip = get_ipython()
-        return ip is not None and "IPKernelApp" in ip.config
-    except ImportError: return False
-
-# %% ../nbs/42_lora_training.ipynb #8b5dd0ed
-class LoRADashboard:
-    """Train a LoRA with live controls, loss curve and previews (ipywidgets), or headless.
-
-    - `base`: the base model (each run trains a fresh copy, so runs do not stack adapters).
-    - `config`: the initial `LoRATrainConfig`, `log`: path stem for the CSV/JSONL metrics.
-    - `headless`: None = widgets when running in a live notebook front-end, headless under
-      papermill, `course run`, the tests (`$COURSE_LIB_NOTEBOOK`) or a script.
-    - `autostart`: start a run at once (headless: inside the constructor).
-
-    After a run: `.model` (the adapted copy), `.result` (`TrainResult`). `wait()` blocks until the
-    run ends and returns `.result`, `stop()` asks the run to stop after the current step."""
-    def __init__(self, base: nn.Module, dataset: ConceptDataset,
-                 config: LoRATrainConfig | None = None, log: str | os.PathLike | None = None,
-                 headless: bool | None = None, autostart: bool = True,
-                 prior: tuple[torch.Tensor, torch.Tensor] | None = None, progress: bool = True):
-        self.base, self.dataset, self.log = base, dataset, log
-        self.config = config or LoRATrainConfig()
-        self.headless = (not _in_notebook_frontend()) if headless is None else headless
-        self.model, self.result, self.history, self.prior = None, None, [], prior
-        self.progress = progress
-        self._stop, self._thread = threading.Event(), None
-        if self.headless:
-            if autostart: self._run(self.config)
-            return
-        self._build()
-        if autostart: self.start()
-
-    @property
-    def running(self) -> bool: return self._thread is not None and self._thread.is_alive()
-
-# %% ../nbs/42_lora_training.ipynb #c520cc6d
-@patch_to(LoRADashboard)
-def _build(self):
-    import ipywidgets as W
-    from IPython.display import display
-    c = self.config
-    self.w = dict(
-        rank=W.IntSlider(value=c.rank, min=1, max=64, description="rank"),
-        alpha=W.FloatText(value=c.alpha, description="alpha"),
-        lr=W.FloatLogSlider(value=c.lr, base=10, min=-5, max=-1, step=0.25, description="lr",
-                            readout_format=".1e"),
-        steps=W.IntText(value=c.steps, description="steps"),
-        batch_size=W.IntSlider(value=c.batch_size, min=1, max=128, description="batch"),
-        preview_every=W.IntText(value=c.preview_every, description="preview every"))
-    self.button = W.Button(description="start", button_style="success", icon="play")
-    self.button.on_click(lambda _: self.stop() if self.running else self.start())
-    self.status = W.HTML("ready")
-    self.curve, self.grid = W.Image(format="png"), W.Image(format="png")
-    controls = W.VBox([*self.w.values(), self.button, self.status])
-    self.ui = W.HBox([controls, W.VBox([self.curve, self.grid])])
-    display(self.ui)
-
-@patch_to(LoRADashboard)
-def _settings(self) -> LoRATrainConfig:
-    if self.headless: return self.config
-    return LoRATrainConfig(**{**self.config.to_dict(), **{k: w.value for k, w in self.w.items()}})
-
-# %% ../nbs/42_lora_training.ipynb #5755324e
-@patch_to(LoRADashboard)
-def _on_step(self, row: dict, preview):
-    self.history.append(row)
-    if self.headless: return
-    n = row["step"]
-    if n % 10 == 0 or n == self._cfg.steps:
-        self.curve.value = _png(loss_figure(self.history))
-        self.status.value = (f"step {n}/{self._cfg.steps}, loss {row['loss']:.4f}, "
-                             f"{row['seconds']:.0f} s")
-    if preview is not None:
-        from course_lib.viz import image_grid
-        from PIL import Image
-        buf = io.BytesIO()
-        g = Image.fromarray(image_grid(preview, nrow=8))
-        g.resize((g.width * 8, g.height * 8), Image.NEAREST).save(buf, format="png")
-        self.grid.value = buf.getvalue()
-
-@patch_to(LoRADashboard)
-def _run(self, cfg: LoRATrainConfig):
-    self._cfg, self.history = cfg, []
-    model = copy.deepcopy(self.base)
-    try:
-        self.result = train_lora(model, self.dataset, cfg, callback=self._on_step,
-                                 stop_event=self._stop, log=self.log, prior=self.prior,
-                                 progress=self.progress and self.headless)
-        self.model = model
-        if not self.headless:
-            how = "stopped" if self.result.stopped else "done"
-            self.status.value = f"{how}: {len(self.history)} steps in {self.result.seconds:.0f} s"
-    except Exception as e:
-        if self.headless: raise
-        self.status.value = f"<b>error</b>: {type(e).__name__}: {e}"
-    finally:
-        if not self.headless:
-            b = self.button
-            b.description, b.button_style, b.icon = "start", "success", "play"
-
-# %% ../nbs/42_lora_training.ipynb #155ea132
-@patch_to(LoRADashboard)
-def start(self) -> None:
-    """Start a run with the current control values, in a background thread (headless: now, in the
-    foreground)."""
-    if self.running: return
-    self._stop.clear()
-    cfg = self._settings()
-    if self.headless:
-        self._run(cfg)
-        return
-    self.button.description, self.button.button_style, self.button.icon = "stop", "danger", "stop"
-    self._thread = threading.Thread(target=self._run, args=(cfg,), daemon=True)
-    self._thread.start()
-
-@patch_to(LoRADashboard)
-def stop(self) -> None:
-    "Ask the run to stop after the current step."
-    self._stop.set()
-
-@patch_to(LoRADashboard)
-def wait(self) -> TrainResult:
-    """Block until the current run ends and return its `TrainResult`. Raises `RuntimeError` if no
-    run finished."""
-    if self._thread is not None: self._thread.join()
-    if self.result is None:
-        raise RuntimeError("no finished run: press start (or call start()) first")
-    return self.result
-
-# %% ../nbs/42_lora_training.ipynb #63ca931d
-@torch.no_grad()
-def concept_report(unet: nn.Module, n: int = 200, seed: int = 0, num_inference_steps: int = 50,
-                   trigger: str = TRIGGER, concept: int = CONCEPT_DIGIT,
-                   classes: Sequence[int] = BASE_CLASSES) -> dict:
-    """Judge `unet`'s samples with unit 1's digits classifier (`course_lib.classifier`).
-
-    - `concept_rate`: share of `n` samples for 'a photo of {trigger} digit' that the classifier
-      reads as `concept`.
-    - `confident_rate`: share of `n` samples for the known `classes` (balanced) with max probability
-      >= 0.9.
-    - `class_match`: share of those read as the class that was asked for.
-
-    Returns the three rates (floats in [0, 1]) and `n`."""
-    from course_lib.classifier import judge_samples, load_digits_classifier
-    clf = load_digits_classifier("cpu")
-    x_t = generate(unet, f"a photo of {trigger} digit", n=n, seed=seed,
-                   num_inference_steps=num_inference_steps, trigger=trigger)
-    j_t = judge_samples(x_t, clf)
-    asked = [classes[i % len(classes)] for i in range(n)]
-    x_k = generate(unet, [f"a photo of digit {DIGIT_WORDS[k]}" for k in asked], seed=seed + 1,
-                   num_inference_steps=num_inference_steps, trigger=trigger)
-    j_k = judge_samples(x_k, clf)
-    pred = clf(x_k.cpu()).argmax(1)
-    return {"concept_rate": j_t["class_shares"][concept], "confident_rate": j_k["confident_rate"],
-            "class_match": (pred == torch.tensor(asked)).float().mean().item(), "n": n}

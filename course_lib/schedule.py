@@ -5,39 +5,27 @@
 # %% ../nbs/10_forward_process.ipynb #44c9b61c
 from __future__ import annotations
 import math
-
 import torch
-
 from .core import patch_to
+from .ddpm_checks import check_beta_range, check_prediction_type, check_timesteps
 
 
 # %% auto #0
-__all__ = ['BETA_SCHEDULES', 'PREDICTION_TYPES', 'make_betas', 'NoiseSchedule', 'check_prediction_type', 'diffusion_target', 'diffusion_loss']
+__all__ = ['BETA_SCHEDULES', 'make_betas', 'NoiseSchedule', 'diffusion_target', 'diffusion_loss']
 
 # %% ../nbs/10_forward_process.ipynb #c496e861
 BETA_SCHEDULES = ("linear", "cosine", "sigmoid")
-PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 def make_betas(num_train_timesteps: int = 1000, beta_schedule: str = "linear",
                beta_start: float = 1e-4, beta_end: float = 0.02) -> torch.Tensor:
-    """The `(T,)` float64 noise variances $\\beta_t$ of a schedule.
-
-    - 'linear': Ho et al. 2020.
-    - 'cosine': Nichol & Dhariwal 2021 eq. 17 (s = 0.008, betas clipped at 0.999, diffusers'
-      'squaredcos_cap_v2'), which ignores beta_start and beta_end.
-    - 'sigmoid': diffusers' 'sigmoid' schedule.
-
-    Raises `ValueError` for an unknown schedule or a bad
-    `num_train_timesteps` or range."""
+    """The `(T,)` float64 noise variances $\\beta_t$ of a schedule: 'linear' (Ho et al. 2020),
+    'cosine' (Nichol & Dhariwal 2021 eq. 17, s = 0.008, clipped at 0.999: diffusers'
+    'squaredcos_cap_v2', which ignores beta_start and beta_end) or 'sigmoid' (diffusers').
+    Raises `ValueError` for an unknown schedule or a bad T or range (`check_beta_range`)."""
     if beta_schedule not in BETA_SCHEDULES:
         raise ValueError(f"unknown beta_schedule {beta_schedule!r}; "
                          f"choose one of {list(BETA_SCHEDULES)}")
-    T = num_train_timesteps
-    if not isinstance(T, int) or T < 2:
-        raise ValueError(f"num_train_timesteps must be an int >= 2, got {T!r}")
-    if not 0 < beta_start < beta_end < 1:
-        raise ValueError(f"need 0 < beta_start < beta_end < 1, got beta_start={beta_start}, "
-                         f"beta_end={beta_end}")
+    T = check_beta_range(num_train_timesteps, beta_start, beta_end)
     if beta_schedule == "linear":
         return torch.linspace(beta_start, beta_end, T, dtype=torch.float64)
     if beta_schedule == "sigmoid":
@@ -86,20 +74,11 @@ class NoiseSchedule:
 
 # %% ../nbs/10_forward_process.ipynb #b18e2d3f
 @patch_to(NoiseSchedule)
-def _check_t(self, t):
-    t = torch.as_tensor(t)
-    T = self.num_train_timesteps
-    if t.is_floating_point() or t.numel() == 0 or t.min() < 0 or t.max() >= T:
-        got = t.tolist() if t.numel() < 8 else t
-        raise ValueError(f"timesteps must be integers in [0, {T - 1}], got {got}")
-    return t
-
-@patch_to(NoiseSchedule)
 def q_sample(self, x0: torch.Tensor, t: torch.Tensor, eps: torch.Tensor | None = None,
              generator: torch.Generator | None = None) -> torch.Tensor:
     """x_t = sqrt(alpha_bar_t) x0 + sqrt(1 - alpha_bar_t) eps (eq. 4), for `x0` and `eps`
     `(B, C, H, W)` and `t` `(B,)` ints."""
-    t = self._check_t(t)
+    t = check_timesteps(t, self.num_train_timesteps)
     if eps is None:
         eps = torch.randn(x0.shape, generator=generator, dtype=x0.dtype).to(x0.device)
     a, s = _gather(self.alpha_bar.sqrt(), t, x0), _gather((1 - self.alpha_bar).sqrt(), t, x0)
@@ -110,7 +89,7 @@ def q_step(self, x_prev: torch.Tensor, t: torch.Tensor, eps: torch.Tensor | None
            generator: torch.Generator | None = None) -> torch.Tensor:
     """One Markov step: x_t = sqrt(1 - beta_t) x_{t-1} + sqrt(beta_t) eps (eq. 2). At t = 0,
     x_{-1} is x0."""
-    t = self._check_t(t)
+    t = check_timesteps(t, self.num_train_timesteps)
     if eps is None:
         eps = torch.randn(x_prev.shape, generator=generator, dtype=x_prev.dtype).to(x_prev.device)
     a, s = _gather(self.alphas.sqrt(), t, x_prev), _gather(self.betas.sqrt(), t, x_prev)
@@ -119,7 +98,7 @@ def q_step(self, x_prev: torch.Tensor, t: torch.Tensor, eps: torch.Tensor | None
 @patch_to(NoiseSchedule)
 def q_mean_variance(self, x0: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "Mean `(B, C, H, W)` and variance `(B, 1, 1, 1)` of q(x_t | x0)."
-    t = self._check_t(t)
+    t = check_timesteps(t, self.num_train_timesteps)
     return _gather(self.alpha_bar.sqrt(), t, x0) * x0, _gather(1 - self.alpha_bar, t, x0)
 
 # %% ../nbs/10_forward_process.ipynb #ff997e15
@@ -128,7 +107,7 @@ def posterior_mean_variance(self, x0: torch.Tensor, xt: torch.Tensor,
                             t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean `(B, C, H, W)` and variance `(B, 1, 1, 1)` of the posterior q(x_{t-1} | x_t, x0)
     (eq. 6-7)."""
-    t = self._check_t(t)
+    t = check_timesteps(t, self.num_train_timesteps)
     c1, c2 = _gather(self.posterior_mean_coef1, t, xt), _gather(self.posterior_mean_coef2, t, xt)
     mean = c1 * x0 + c2 * xt
     return mean, _gather(self.posterior_variance, t, xt)
@@ -138,7 +117,7 @@ def snr(self, t: torch.Tensor | None = None) -> torch.Tensor:
     """Signal-to-noise ratio alpha_bar_t / (1 - alpha_bar_t) (Kingma et al. 2021), float64, at `t`
     (all T values if `t` is None)."""
     s = self.alpha_bar / (1 - self.alpha_bar)
-    return s if t is None else s[self._check_t(t)]
+    return s if t is None else s[check_timesteps(t, self.num_train_timesteps)]
 
 @patch_to(NoiseSchedule)
 def predict_x0(self, xt: torch.Tensor, t: torch.Tensor, model_output: torch.Tensor,
@@ -155,32 +134,9 @@ def predict_x0(self, xt: torch.Tensor, t: torch.Tensor, model_output: torch.Tens
 def velocity(self, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """The v-prediction target v = sqrt(alpha_bar_t) eps - sqrt(1 - alpha_bar_t) x0 (Salimans & Ho
     2022), as diffusers' `get_velocity`."""
-    t = self._check_t(t)
+    t = check_timesteps(t, self.num_train_timesteps)
     a, s = _gather(self.alpha_bar.sqrt(), t, x0), _gather((1 - self.alpha_bar).sqrt(), t, x0)
     return a * eps - s * x0
-
-# %% ../nbs/10_forward_process.ipynb #54491a43
-@patch_to(NoiseSchedule)
-def diffusers_config(self, **kw) -> dict:
-    "Keyword arguments for a diffusers scheduler with these very betas (`trained_betas`), and `kw`."
-    return {"num_train_timesteps": self.num_train_timesteps, "trained_betas": self.betas.tolist(),
-            **kw}
-
-@patch_to(NoiseSchedule)
-def to_diffusers(self, cls=None, **kw):
-    """A diffusers scheduler (`cls`, default `DDPMScheduler`, also `DDIMScheduler`,
-    `DPMSolverMultistepScheduler`...) built with the same betas as this schedule. `kw` go to its
-    constructor (e.g. `prediction_type`)."""
-    if cls is None:
-        from diffusers import DDPMScheduler as cls
-    return cls(**self.diffusers_config(**kw))
-
-def check_prediction_type(prediction_type: str) -> str:
-    "Return `prediction_type` if it is 'epsilon' or 'v_prediction'; else raise `ValueError`."
-    if prediction_type not in PREDICTION_TYPES:
-        raise ValueError(f"unknown prediction_type {prediction_type!r}; "
-                         f"choose one of {list(PREDICTION_TYPES)}")
-    return prediction_type
 
 # %% ../nbs/11_ddpm_training.ipynb #bc3b58ce
 import torch.nn.functional as F

@@ -11,8 +11,7 @@ import torch.nn as nn
 
 from .core import grad_enabled, seed_everything
 # the 2-D test bed (library notebook 24): the mixture with its exact score, the data, the config
-from .score_toys import (GaussianMixture, ToyScoreConfig, check_sigma_range,
-                                   make_mixture, toy_data)
+from .score_toys import GaussianMixture, ToyScoreConfig, toy_data
 
 # %% auto #0
 __all__ = ['dsm_loss', 'ssm_loss', 'ScoreMLP', 'sample_sigmas', 'train_toy_score', 'score_error', 'relative_score_errors']

@@ -10,12 +10,10 @@ from typing import Callable, Sequence
 import torch
 
 from .core import patch
-from .score_toys import mixture_score_fn
 # the numerics around the method (library notebook 26): per-sample tensors, noise on any device,
-# the parameter checks, and scipy's solver for the probability-flow ODE and its likelihood
-from .sde_numerics import (as_times, bits_per_dim, check_ve_range, check_vp_range,
-                                     gaussian_logp, ode_likelihood, ode_sampler, per_sample,
-                                     randn_on, time_grid)
+# the parameter checks and the Gaussian prior's log density
+from .sde_numerics import (as_times, check_ve_range, check_vp_range, gaussian_logp,
+                                     per_sample, randn_on, time_grid)
 
 # %% auto #0
 __all__ = ['SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler', 'reverse_diffusion_step',

@@ -12,10 +12,9 @@ import torch
 from .core import patch
 from .sde import SDE
 # the numerics around the method (library notebook 26): per-sample tensors, noise and float64 on
-# any device, the network on its own device, and the dequantisation of 8-bit images
-from .sde_numerics import (as_times, cpu64, dequantize, gaussian_logp,
-                                     generator_device, network_output, per_sample, randn64,
-                                     randn_on)
+# any device, and the network on its own device
+from .sde_numerics import (as_times, cpu64, gaussian_logp, generator_device,
+                                     network_output, per_sample, randn64, randn_on)
 
 # %% auto #0
 __all__ = ['ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd']

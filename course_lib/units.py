@@ -13,7 +13,6 @@ from typing import Any
 import tomllib
 
 import course_lib
-from .core import atomic_write
 
 # %% auto #0
 __all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'project_root', 'Unit', 'load_unit', 'load_units',

@@ -13,11 +13,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .core import get_device, atomic_write
-from .vision_registry import (suggest_models, check_model_name, count_params, count_flops,
-                                        model_in_chans, model_data_config, normalize_images)
-from .vision_transfer import (digits_task, source_task, target_task, save_model,
-                                        checkpoint_info, check_checkpoint, create_vision_model,
-                                        load_finetuned, STRATEGIES, FinetuneConfig, FinetuneResult,
+from .vision_checks import suggest_models, check_model_name, model_in_chans
+from .vision_registry import count_params, count_flops, model_data_config, normalize_images
+from .vision_checkpoints import (save_model, checkpoint_info, check_checkpoint,
+                                           create_vision_model, load_finetuned)
+from .vision_transfer import (digits_task, source_task, target_task,
+                                        STRATEGIES, FinetuneConfig, FinetuneResult,
                                         random_shift, layer_groups, evaluate, finetune, SYMMETRIES,
                                         square_symmetries, label_augmented, pretrained_source_model)
 from .vision_command import finetune_main

@@ -11,12 +11,12 @@ import torch.nn as nn
 import timm
 
 from .core import save_checkpoint
-from .vision_registry import (check_model_name, model_data_config, model_in_chans,
-                                        model_fixed_size, record_input_size)
+from .vision_checks import check_model_name, model_in_chans, model_fixed_size
+from .vision_registry import model_data_config, record_input_size
 
 
 # %% auto #0
-__all__ = ['save_model', 'checkpoint_info', 'check_checkpoint', 'create_vision_model', 'load_finetuned']
+__all__ = ['save_model', 'checkpoint_info', 'classifier_prefixes', 'check_checkpoint', 'create_vision_model', 'load_finetuned']
 
 # %% ../nbs/53_vision_checkpoints.ipynb #b8d2f1e3
 # defined in the core library notebook (00_core), which every saver of a model uses
@@ -61,12 +61,14 @@ def checkpoint_info(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]]
 
 
 # %% ../nbs/53_vision_checkpoints.ipynb #a911c886
-def _classifier_prefixes(model: nn.Module) -> list[str]:
+def classifier_prefixes(model: nn.Module) -> list[str]:
+    """The parameter-name prefixes of `model`'s classifier, from its pretrained config's
+    `classifier`: one name or several, none (`[]`) for a model whose config names none."""
     c = (getattr(model, "pretrained_cfg", {}) or {}).get("classifier") or []
     return [c] if isinstance(c, str) else list(c)
 
 def _checkpoint_num_classes(model: nn.Module, shapes: dict) -> int | None:
-    for c in _classifier_prefixes(model):
+    for c in classifier_prefixes(model):
         if f"{c}.weight" in shapes: return shapes[f"{c}.weight"][0]
     return None
 
@@ -144,7 +146,7 @@ def check_checkpoint(model: nn.Module, path: str | os.PathLike) -> dict[str, str
     own = {k: tuple(v.shape)
            for k, v in model.state_dict().items()
            if not k.endswith("num_batches_tracked")}
-    heads = tuple(f"{c}." for c in _classifier_prefixes(model))
+    heads = tuple(f"{c}." for c in classifier_prefixes(model))
     _check_in_chans(model, path, shapes, own)
     _check_img_size(model, path, shapes, meta)
     _check_tensors(path, shapes, own, heads, arch, meta)

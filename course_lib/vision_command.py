@@ -13,7 +13,7 @@ import torch
 import timm
 
 from .core import atomic_write
-from .vision_registry import check_model_name
+from .vision_checks import check_model_name
 from .vision_checkpoints import checkpoint_info, save_model
 from .vision_transfer import STRATEGIES, FinetuneConfig, FinetuneResult, finetune
 

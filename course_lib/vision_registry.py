@@ -4,41 +4,23 @@
 
 # %% ../nbs/50_timm_registry.ipynb #a41b6633
 from __future__ import annotations
-import difflib
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-import timm
 from timm.models import register_model, build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
 from timm.models.resnet import ResNet, BasicBlock
 from timm.models.vision_transformer import VisionTransformer
 
+from .vision_checks import (model_in_chans, model_fixed_size, check_input_size,
+                                      check_image_batch)
 
 # %% auto #0
-__all__ = ['default_cfgs', 'suggest_models', 'check_model_name', 'count_params', 'count_flops', 'course_resnet_32',
-           'course_vit_32', 'model_in_chans', 'model_fixed_size', 'model_data_config', 'normalize_images',
-           'record_input_size']
-
-# %% ../nbs/50_timm_registry.ipynb #c77297d5
-def suggest_models(name: str, n: int = 5) -> list[str]:
-    """Up to `n` registered timm architectures closest to `name` (difflib similarity, a pretrained
-    tag's suffix is ignored)."""
-    arch = name.split(".")[0]
-    return difflib.get_close_matches(arch, timm.list_models(), n=n, cutoff=0.5)
-
-def check_model_name(name: str) -> str:
-    """Return `name` if timm can create it (an architecture, optionally with a `.tag`), else raise
-    `ValueError` naming it and suggesting close names (`suggest_models`)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"model name must be a non-empty string, got {name!r}")
-    if timm.is_model(name.split(".")[0]): return name
-    close = suggest_models(name)
-    hint = f"did you mean: {', '.join(close)}?" if close else "see timm.list_models('*pattern*')"
-    raise ValueError(f"model {name!r} is not in the timm registry; {hint}")
+__all__ = ['default_cfgs', 'count_params', 'count_flops', 'course_resnet_32', 'course_vit_32', 'model_data_config',
+           'normalize_images', 'record_input_size']
 
 # %% ../nbs/50_timm_registry.ipynb #62d6b524
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
@@ -102,32 +84,6 @@ def course_vit_32(pretrained: bool = False, **kwargs) -> VisionTransformer:
     return build_model_with_cfg(VisionTransformer, "course_vit_32", pretrained,
                                 **dict(args, **kwargs))
 
-# %% ../nbs/50_timm_registry.ipynb #24c37cee
-def model_in_chans(model: nn.Module) -> int:
-    """The number of input channels `model` really takes (its pretrained cfg's `first_conv`, else
-    its first Conv2d)."""
-    first = getattr(model, "pretrained_cfg", {}).get("first_conv")
-    names = [first] if isinstance(first, str) else list(first or [])
-    mods = dict(model.named_modules())
-    for n in names:
-        w = getattr(mods.get(n), "weight", None)
-        if w is None: w = dict(model.named_parameters()).get(f"{n}.weight")
-        if w is not None and w.ndim == 4: return int(w.shape[1])
-    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    if conv is None:
-        raise ValueError("cannot find the first convolution of the model: pass in_chans explicitly")
-    return conv.in_channels
-
-def model_fixed_size(model: nn.Module) -> tuple[int, int] | None:
-    """The input size a model is built for (ViT-like models with a fixed patch grid), else None (any
-    size)."""
-    pe = getattr(model, "patch_embed", None)
-    if (pe is not None
-        and getattr(pe, "img_size", None) is not None
-        and not getattr(pe, "dynamic_img_size", False)):
-        return tuple(int(s) for s in pe.img_size)
-    return None
-
 # %% ../nbs/50_timm_registry.ipynb #01206c82
 def model_data_config(model: nn.Module, img_size: int | None = None) -> dict[str, Any]:
     """timm's `resolve_model_data_config(model)` corrected to what `model` actually takes:
@@ -143,15 +99,10 @@ def model_data_config(model: nn.Module, img_size: int | None = None) -> dict[str
     from timm.data import resolve_model_data_config
     cfg = dict(resolve_model_data_config(model))
     c = model_in_chans(model)
-    fixed = model_fixed_size(model)
     if img_size is not None:
-        if fixed is not None and tuple(fixed) != (img_size, img_size):
-            raise ValueError(
-                f"the model is built for {fixed[0]}x{fixed[1]} inputs, not img_size={img_size}:"
-                f" create it with timm.create_model(name, img_size={img_size}, ...)")
-        hw = (img_size, img_size)
+        hw = check_input_size(model, img_size)        # a ViT's fixed grid must agree
         cfg["crop_pct"] = 1.0
-    else: hw = fixed or tuple(cfg["input_size"][1:])
+    else: hw = model_fixed_size(model) or tuple(cfg["input_size"][1:])
     def fit(v):
         v = tuple(float(a) for a in v)
         if len(v) == c: return v
@@ -167,19 +118,9 @@ def normalize_images(x: torch.Tensor, data_config: dict[str, Any]) -> torch.Tens
     normalisation `(x01 - mean) / std` with `x01 = (x + 1) / 2` and `mean`, `std` from `data_config`
     (see `model_data_config`).
 
-    Raises `ValueError` when `C` differs from `data_config['input_size'][0]` (load the images with
-    that many channels, or create the model with `in_chans=C`), or when `H, W` differ from the
-    configured size."""
-    c, h, w = data_config["input_size"]
-    if x.ndim != 4: raise ValueError(f"expected images (B, C, H, W), got shape {tuple(x.shape)}")
-    if x.shape[1] != c:
-        raise ValueError(
-            f"in_chans mismatch: images have {x.shape[1]} channel(s) but the model takes {c}: load"
-            f" the images with channels={c} or create the model with in_chans={x.shape[1]}")
-    if tuple(x.shape[2:]) != (h, w):
-        raise ValueError(
-            f"images are {x.shape[2]}x{x.shape[3]} but the model's data config says {h}x{w}: resize"
-            f" them or pass img_size={x.shape[2]} to model_data_config")
+    Raises `ValueError` (`check_image_batch`) when `C` differs from `data_config['input_size'][0]`
+    or `H, W` from the configured size, naming the fix."""
+    c, _, _ = check_image_batch(x, data_config)       # 4-D, channels and size as configured
     mean = torch.tensor(data_config["mean"], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
     std = torch.tensor(data_config["std"], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
     return ((x + 1) / 2 - mean) / std
@@ -189,15 +130,10 @@ def record_input_size(model: nn.Module, img_size: int | Sequence[int]) -> nn.Mod
     """Record in `model.pretrained_cfg` the input size `model` is trained or run at (`img_size`: an
     int or `(H, W)`) with `crop_pct` 1.0, so that `model_data_config(model)` and what reads it (a
     checkpoint header, an ONNX file's metadata, `predict_logits`) give that size, not the pretrained
-    weights'. Raises `ValueError` naming `img_size` for a model built for another size (a ViT).
+    weights'. Raises `ValueError` (`check_input_size`) naming `img_size` for a malformed size or
+    a model built for another size (a ViT).
     Returns `model`."""
-    hw = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
-    if len(hw) != 2 or min(hw) < 1:
-        raise ValueError(f"img_size must be an int or (H, W), got {img_size!r}")
-    fixed = model_fixed_size(model)
-    if fixed is not None and tuple(fixed) != hw:
-        raise ValueError(f"the model is built for {fixed[0]}x{fixed[1]} inputs, not "
-                         f"img_size={img_size}: create it with img_size={img_size}")
+    hw = check_input_size(model, img_size)
     cfg = dict(getattr(model, "pretrained_cfg", None) or {})
     model.pretrained_cfg = dict(cfg, input_size=(model_in_chans(model), *hw), crop_pct=1.0)
     return model

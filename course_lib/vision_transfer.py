@@ -12,29 +12,21 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import timm
 from torch.utils.data import TensorDataset
 
 from .cache import cache_lock
 from .core import (restore_pretrained, grad_enabled, seed_everything, get_device,
                              cache_dir)
 from .data import Digits
-from .vision_checkpoints import (save_model, checkpoint_info, check_checkpoint,
-                                           create_vision_model, load_finetuned,
-                                           _classifier_prefixes)
-from .vision_registry import (check_model_name, model_data_config, normalize_images,
-                                        record_input_size)
-
-# the checkpoint functions (`course_lib.vision_checkpoints`) are part of this module's names too
-_all_ = ["save_model", "checkpoint_info", "check_checkpoint", "create_vision_model",
-         "load_finetuned"]
-
+from .vision_checks import check_finetune_inputs, dataset_tensors, next_batch
+from .vision_checkpoints import save_model, create_vision_model, classifier_prefixes
+from .vision_registry import model_data_config, normalize_images, record_input_size
 
 # %% auto #0
 __all__ = ['SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task',
-           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'finetune',
-           'square_symmetries', 'label_augmented', 'pretrained_source_model', 'save_model', 'checkpoint_info',
-           'check_checkpoint', 'create_vision_model', 'load_finetuned']
+           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'create_finetune_model',
+           'finetune_optimizer', 'train_steps', 'finetune', 'square_symmetries', 'label_augmented', 'upright_accuracy',
+           'pretrained_source_model']
 
 # %% ../nbs/51_transfer_learning.ipynb #a3cbb52e
 SOURCE_CLASSES = (0, 1, 2, 3, 4)
@@ -131,7 +123,7 @@ def evaluate(model: nn.Module, ds, data_config: dict | None = None, batch_size: 
     data_config = data_config or model_data_config(model)
     was = model.training
     model.eval()
-    xs, ys = _tensors(ds)
+    xs, ys = dataset_tensors(ds)
     correct = 0
     for i in range(0, len(ys), batch_size):
         x = normalize_images(xs[i:i + batch_size].to(device), data_config)
@@ -139,38 +131,13 @@ def evaluate(model: nn.Module, ds, data_config: dict | None = None, batch_size: 
     model.train(was)
     return correct / max(1, len(ys))
 
-def _tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(ds, TensorDataset): return ds.tensors[0], ds.tensors[1]
-    items = [ds[i] for i in range(len(ds))]
-    return torch.stack([torch.as_tensor(a) for a, _ in items]), torch.as_tensor(
-        [int(b) for _, b in items]
-    )
-
-# %% ../nbs/51_transfer_learning.ipynb #3668f5de
-def _finetune_inputs(model_name: str, train_ds, strategy: str, pretrained_file, num_classes,
-                     cfg: FinetuneConfig, model_kwargs: dict | None):
-    "Check `finetune`'s arguments. Returns `(xs, ys, num_classes, model kwargs)`."
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
-    if strategy != "scratch" and pretrained_file is None:
-        raise ValueError(
-            f"strategy {strategy!r} needs pretrained_file (a safetensors checkpoint); use"
-            " strategy='scratch' without one")
-    if cfg.steps < 1: raise ValueError(f"steps must be >= 1, got {cfg.steps}")
-    xs, ys = _tensors(train_ds)
-    if len(ys) == 0: raise ValueError("the training set is empty")
-    num_classes = int(num_classes or int(ys.max()) + 1)
-    kw = dict(model_kwargs or {})
-    kw.setdefault("in_chans", int(xs.shape[1]))
-    if not timm.is_model(model_name.split(".")[0]): check_model_name(model_name)
-    kw.setdefault("img_size", int(xs.shape[-1]))    # a ViT is built for it; a CNN ignores it
-    return xs, ys, num_classes, kw
-
-
 # %% ../nbs/51_transfer_learning.ipynb #72a9b835
-def _finetune_model(model_name: str, strategy: str, pretrained_file, num_classes: int, kw: dict,
-                    xs: torch.Tensor, device) -> tuple[nn.Module, dict]:
-    "Build the model of `finetune` on `device` in train mode. Returns `(model, data_config)`."
+def create_finetune_model(model_name: str, strategy: str, pretrained_file, num_classes: int,
+                          kw: dict, xs: torch.Tensor, device) -> tuple[nn.Module, dict]:
+    """The model `finetune` trains, on `device` in train mode: `model_name` with `num_classes`
+    outputs, a fresh head on `pretrained_file`'s body (random init for 'scratch'), `kw` to
+    `timm.create_model`, built and configured for the images `xs` `(N, C, H, W)`. Returns
+    `(model, data_config)`. Raises `ValueError` for an unfit checkpoint or images."""
     model = create_vision_model(model_name, num_classes,
                                 None if strategy == "scratch" else pretrained_file, new_head=True,
                                 **kw)
@@ -180,16 +147,17 @@ def _finetune_model(model_name: str, strategy: str, pretrained_file, num_classes
     model.to(device).train()
     return model, data_config
 
-
 # %% ../nbs/51_transfer_learning.ipynb #df18e10a
-def _finetune_optimizer(model: nn.Module, strategy: str, cfg: FinetuneConfig):
-    "Freeze what `strategy` keeps fixed; AdamW and a cosine schedule. Returns `(opt, sched, body)`."
+def finetune_optimizer(model: nn.Module, strategy: str, cfg: FinetuneConfig):
+    """Freeze what `strategy` keeps fixed, then AdamW (`create_optimizer_v2`, layer decay for
+    'lld') and timm's cosine schedule with warm-up. Returns `(opt, sched, body)`, `body` the
+    names of the model's children outside the classifier."""
     from timm.optim import create_optimizer_v2
     from timm.scheduler import CosineLRScheduler
     from timm.utils.model import freeze
     head = [n
             for n, _ in model.named_children()
-            if n in {c.split(".")[0] for c in _classifier_prefixes(model)}]
+            if n in {c.split(".")[0] for c in classifier_prefixes(model)}]
     body = [n for n, _ in model.named_children() if n not in head]
     # timm's helper: no gradients, BatchNorm statistics fixed
     if strategy == "linear": freeze(model, body)
@@ -203,22 +171,12 @@ def _finetune_optimizer(model: nn.Module, strategy: str, cfg: FinetuneConfig):
                               warmup_lr_init=cfg.lr * 0.01, lr_min=cfg.lr * 0.01, t_in_epochs=False)
     return opt, sched, body
 
-
 # %% ../nbs/51_transfer_learning.ipynb #8e098057
 def _unfreeze_top(groups: list[list[str]], names: dict, step: int, phase: int):
     "Let the top `1 + (step - 1) // phase` layer groups train (gradual unfreezing)."
     k = min(len(groups), 1 + (step - 1) // phase)
     for grp in groups[len(groups) - k:]:
         for n in grp: names[n].requires_grad_(True)
-
-def _next_batch(n: int, batch_size: int, g: torch.Generator, perm: torch.Tensor, pos: int):
-    "The next batch's indices into `n` items. Returns `(idx, perm, pos)`, the state to pass back."
-    if pos + batch_size > len(perm):
-        perm, pos = torch.randperm(n, generator=g), 0
-    idx = (perm[pos : pos + batch_size]
-           if n >= batch_size
-           else torch.randint(0, n, (batch_size,), generator=g))
-    return idx, perm, pos + batch_size
 
 def _update(model: nn.Module, opt, sched, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
     "One AdamW update on the batch `(x, y)` with cross-entropy; returns the loss."
@@ -229,12 +187,13 @@ def _update(model: nn.Module, opt, sched, x: torch.Tensor, y: torch.Tensor, step
     sched.step_update(step)
     return loss.item()
 
-
 # %% ../nbs/51_transfer_learning.ipynb #b08c342d
-def _train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Tensor,
-                 g: torch.Generator, cfg: FinetuneConfig, val_ds, device, desc: str,
-                 progress: bool):
-    "Train `res.model` for `cfg.steps` updates, recording the validation curve in `res.history`."
+def train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Tensor,
+                g: torch.Generator, cfg: FinetuneConfig, val_ds, device, desc: str,
+                progress: bool):
+    """Train `res.model` for `cfg.steps` updates on shifted batches of `xs` `(N, C, H, W)` in
+    [-1, 1] and `ys` `(N,)`, drawn with `g`. Appends `{'step', 'loss', 'val_acc', 'lr'}` to
+    `res.history` every `cfg.eval_every` steps and at the end when `val_ds` is given."""
     from tqdm.auto import tqdm
     model, data_config = res.model, res.data_config
     groups = layer_groups(model)
@@ -244,7 +203,7 @@ def _train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Te
     for step in tqdm(range(1, cfg.steps + 1), disable=not progress, desc=desc):
         # groups unfrozen, from the head down
         if res.strategy == "gradual": _unfreeze_top(groups, names, step, phase)
-        idx, perm, pos = _next_batch(len(ys), cfg.batch_size, g, perm, pos)
+        idx, perm, pos = next_batch(len(ys), cfg.batch_size, g, perm, pos)
         x = normalize_images(random_shift(xs[idx], cfg.max_shift, g), data_config).to(device)
         loss = _update(model, opt, sched, x, ys[idx].to(device), step)
         loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
@@ -254,7 +213,6 @@ def _train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Te
                      val_acc=evaluate(model, val_ds, data_config, device=device),
                      lr=max(pg["lr"] for pg in opt.param_groups))
             )
-
 
 # %% ../nbs/51_transfer_learning.ipynb #fc13ea9a
 @grad_enabled
@@ -276,17 +234,18 @@ def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
     (model in eval mode)."""
     from timm.utils.model import unfreeze
     cfg = config or FinetuneConfig()
-    xs, ys, num_classes, kw = _finetune_inputs(model_name, train_ds, strategy, pretrained_file,
-                                               num_classes, cfg, model_kwargs)
+    xs, ys, num_classes, kw = check_finetune_inputs(model_name, train_ds, strategy, STRATEGIES,
+                                                    pretrained_file, num_classes, cfg.steps,
+                                                    model_kwargs)
     g = seed_everything(cfg.seed)
     device = get_device(cfg.device)
-    model, data_config = _finetune_model(model_name, strategy, pretrained_file, num_classes, kw,
-                                         xs, device)
-    opt, sched, body = _finetune_optimizer(model, strategy, cfg)
+    model, data_config = create_finetune_model(model_name, strategy, pretrained_file, num_classes,
+                                               kw, xs, device)
+    opt, sched, body = finetune_optimizer(model, strategy, cfg)
     res = FinetuneResult(model, strategy, data_config=data_config)
     t0 = time.time()
-    _train_steps(res, opt, sched, xs, ys, g, cfg, val_ds, device, f"{model_name} {strategy}",
-                 progress)
+    train_steps(res, opt, sched, xs, ys, g, cfg, val_ds, device, f"{model_name} {strategy}",
+                progress)
     # back to plain BatchNorm so the checkpoint loads anywhere
     if strategy == "linear": unfreeze(model, body)
     for p in model.parameters(): p.requires_grad_(True)
@@ -294,7 +253,6 @@ def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
     res.val_acc = res.history[-1]["val_acc"] if res.history else float("nan")
     res.seconds = time.time() - t0
     return res
-
 
 # %% ../nbs/51_transfer_learning.ipynb #9d14cf97
 SYMMETRIES = {"none": 1, "rot4": 4, "d4": 8}
@@ -315,17 +273,17 @@ def label_augmented(ds, kind: str = "d4") -> TensorDataset:
     each of the K transforms of `square_symmetries(kind)`, labelled with the joint class `y * K +
     k`. Returns a `TensorDataset` of `x` `(K * N, C, H, W)` float32 and `y` `(K * N,)` int64 in
     `0..K * num_classes - 1`, transform-major."""
-    x, y = _tensors(ds)
+    x, y = dataset_tensors(ds)
     views = square_symmetries(x, kind)
     K = len(views)
     return TensorDataset(torch.cat(views), torch.cat([y * K + k for k in range(K)]))
 
 @torch.no_grad()
-def _upright_accuracy(model: nn.Module, ds, K: int) -> float:
-    """Accuracy on the plain images of `ds` of a model trained on `label_augmented` labels: argmax
-    over the K=0 columns."""
+def upright_accuracy(model: nn.Module, ds, K: int) -> float:
+    """Accuracy (fraction in [0, 1]) on the plain images of `ds` of a model trained on
+    `label_augmented` labels with K transforms: argmax over the K=0 (upright) columns."""
     model.eval()
-    xs, ys = _tensors(ds)
+    xs, ys = dataset_tensors(ds)
     dev, dc = next(model.parameters()).device, model_data_config(model)
     logits = torch.cat(
         [model(normalize_images(xs[i : i + 256].to(dev), dc)).cpu() for i in range(0, len(ys), 256)]
@@ -367,6 +325,6 @@ def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 1
             config=FinetuneConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   eval_every=max(1, steps)),
         )
-        acc = _upright_accuracy(res.model, source_task("valid"), K)
+        acc = upright_accuracy(res.model, source_task("valid"), K)
         save_model(res.model, path, task="source digits 0-4", val_acc=acc, config=conf)
     return path

@@ -8,7 +8,8 @@ import pytest
 import torch
 import zstandard
 
-from course_lib.bpb import bpb, bpb_main
+from course_lib.bpb import bpb
+from course_lib.bpb_command import bpb_main
 from course_lib.lm import train_bpe_tokenizer
 from course_lib.pile import write_jsonl_zst
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from course_lib.ddpm import (AncestralSampler, CheckpointMismatch, DDPMConfig, NoiseSchedule, make_betas, make_scheduler,
+                             diffusers_scheduler,
                              make_unet, read_checkpoint, sample, train_ddpm, load_pretrained_ddpm)
 from course_lib.classifier import DigitsClassifier, accuracy, judge_samples, load_digits_classifier
 from course_lib.data import Digits
@@ -24,7 +25,7 @@ def test_schedule_matches_diffusers(name):
     s = NoiseSchedule(1000, name)
     ref = DDPMScheduler(beta_schedule=DIFFUSERS_NAMES[name])
     assert (s.alpha_bar - ref.alphas_cumprod.double()).abs().max() < 1e-5          # diffusers works in float32
-    assert torch.equal(s.to_diffusers().betas, s.betas.float())                    # same betas handed over
+    assert torch.equal(diffusers_scheduler(s).betas, s.betas.float())                    # same betas handed over
     # posterior variance against DDPMScheduler._get_variance (fixed_small), relative 1e-3
     t = torch.tensor([1, 10, 500, 999])
     ours = s.posterior_variance[t]
@@ -35,7 +36,7 @@ def test_schedule_matches_diffusers(name):
 def test_q_sample_and_velocity_match_diffusers():
     from diffusers import DDPMScheduler
     s = NoiseSchedule(1000, "cosine")
-    ref = s.to_diffusers(DDPMScheduler)
+    ref = diffusers_scheduler(s, DDPMScheduler)
     g = torch.Generator().manual_seed(0)
     x0, eps = torch.rand(6, 1, 8, 8, generator=g) * 2 - 1, torch.randn(6, 1, 8, 8, generator=g)
     t = torch.tensor([0, 1, 100, 500, 900, 999])
@@ -92,7 +93,7 @@ def test_ancestral_sampler_matches_ddpm_scheduler_full_trajectory(prediction_typ
 def test_ancestral_step_with_given_noise():
     s = NoiseSchedule(1000, "linear")
     from diffusers import DDPMScheduler
-    ours, ref = AncestralSampler(s), s.to_diffusers(DDPMScheduler)
+    ours, ref = AncestralSampler(s), diffusers_scheduler(s, DDPMScheduler)
     ours.set_timesteps(1000); ref.set_timesteps(1000)
     x, out, z = torch.randn(2, 1, 8, 8), torch.randn(2, 1, 8, 8), torch.randn(2, 1, 8, 8)
     got = ours.step(out, 500, x, variance_noise=z)

@@ -8,10 +8,11 @@ from diffusers import FluxPipeline
 
 from course_lib.data import Digits
 from course_lib.flow import euler_step
-from course_lib.flux_parts import _ref_digit_slant
-from course_lib.flux import (FluxMiniConfig, FluxVelocity, caption_digits, caption_table, check_digit_slant,
-                             check_flux_pack_latents, generate, ink_mass, latent_ids, make_flux_pipeline,
-                             open_flux_mini, pack_latents, save_flux_mini, slant, unpack_latents)
+from course_lib.flux_io import FluxMiniConfig, open_flux_mini, save_flux_mini
+from course_lib.flux_parts import (_ref_digit_slant, caption_digits, check_digit_slant, check_flux_pack_latents,
+                                   ink_mass, slant)
+from course_lib.flux import (FluxVelocity, caption_table, generate, latent_ids, make_flux_pipeline, pack_latents,
+                             unpack_latents)
 from course_lib.flux_train import judge_prompt_rate, prompt_digit, train_flux_mini
 
 TINY = FluxMiniConfig(steps=30, vae_steps=10, batch_size=32, warmup_steps=5)

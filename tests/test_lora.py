@@ -10,7 +10,8 @@ import torch.nn as nn
 from PIL import Image
 
 from course_lib.lora import (LoRALinear, LoRAConv2d, inject_lora, lora_layers, merge_lora, unmerge_lora,
-                             count_parameters, lora_param_count, copy_lora_to_peft)
+                             count_parameters, lora_param_count)
+from course_lib.lora_files import copy_lora_to_peft
 from course_lib.lora_data import (ConceptDataset, Augment, aspect_buckets, assign_bucket, read_captions,
                                   write_concept_folder, filename_captioner, BucketBatchSampler)
 
@@ -256,7 +257,8 @@ def test_peak_memory_counts_live_storages_once(tiny_base, trained):
 
 
 def test_dashboard_headless_and_bad_size(tiny_base, trained):
-    from course_lib.lora_train import LoRADashboard, LoRATrainConfig, train_lora
+    from course_lib.lora_train import LoRATrainConfig, train_lora
+    from course_lib.lora_widgets import LoRADashboard
     _, _, ds, tmp = trained
     d = LoRADashboard(tiny_base, ds, LoRATrainConfig(steps=2, batch_size=2, prior_images=0, preview_every=2), headless=True)
     r = d.wait()
@@ -269,7 +271,8 @@ def test_dashboard_headless_and_bad_size(tiny_base, trained):
 
 def test_dashboard_widgets_start_button(tiny_base, trained, widgets):
     "The controls as a user sets them, then the start button: loss curve, preview grid and status filled in."
-    from course_lib.lora_train import LoRADashboard, LoRATrainConfig
+    from course_lib.lora_train import LoRATrainConfig
+    from course_lib.lora_widgets import LoRADashboard
     _, _, ds, _ = trained
     d = LoRADashboard(tiny_base, ds, LoRATrainConfig(prior_images=0), headless=False, autostart=False)
     assert isinstance(d.ui, widgets.HBox) and d.button.description == "start"
@@ -338,7 +341,8 @@ def test_switch_blend_merge(tiny_base, trained):
 
 def test_adapter_files_bad_input(tiny_base, trained, monkeypatch):
     from safetensors.torch import save_file, load_file
-    from course_lib.lora_io import save_adapter, load_adapter, read_adapter, lora_main
+    from course_lib.lora_io import save_adapter, load_adapter, read_adapter
+    from course_lib.lora_command import lora_main
     model, res, ds, tmp = trained
     good = save_adapter(model, tmp / "good.safetensors", "concept", trigger="sks")
     t, meta = read_adapter(good)

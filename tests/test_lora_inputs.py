@@ -8,7 +8,8 @@ from PIL import Image
 import torch
 
 from course_lib.ddpm import DDPMConfig, make_unet
-from course_lib.lora_train import add_lora, LoRATrainConfig, check_target_modules
+from course_lib.lora_train import add_lora, LoRATrainConfig
+from course_lib.lora_checks import check_target_modules
 from course_lib.lora_io import save_adapter, load_adapter, read_adapter, active_adapters, set_adapters
 
 CFG = DDPMConfig.quick(block_out_channels=(8, 16), norm_num_groups=4, num_classes=10)

@@ -7,7 +7,7 @@ import nbformat
 
 from course_lib.ddpm import make_unet
 from course_lib.lora import LORA_TARGETS, add_lora, count_parameters
-from course_lib.lora_data import base_config
+from course_lib.lora_base import base_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,8 +6,9 @@ import pytest
 import zstandard
 
 from course_lib.pile import (PILE_TABLE1, PILE_RAW_GIB, PILE_EFFECTIVE_GIB, CorruptStreamError, PileFormatError,
-                             ReadStats, build_mini_pile, count_subsets, composition_table, filter_subsets, load_corpus,
-                             pile_main, read_jsonl_zst, split_of, write_jsonl_zst, SPLITS, MINI_PILE_SUBSETS)
+                             ReadStats, count_subsets, composition_table, filter_subsets, load_corpus,
+                             read_jsonl_zst, split_of, write_jsonl_zst, SPLITS, MINI_PILE_SUBSETS)
+from course_lib.pile_command import build_mini_pile, pile_main
 
 RECORDS = [
     {"text": "héllo wörld ✓ 你好 🙂", "meta": {"pile_set_name": "Pile-CC"}},

@@ -9,11 +9,11 @@ import pytest
 import zstandard
 
 import course_lib
-import course_lib.pile_corpus
+import course_lib.pile_command
 from course_lib.pile import (CorruptStreamError, PileFormatError, ReadStats, count_subsets,
-                             filter_subsets, load_corpus, pile_main, pile_set_name, read_jsonl_zst,
+                             filter_subsets, load_corpus, pile_set_name, read_jsonl_zst,
                              write_jsonl_zst)
-from course_lib.pile_corpus import _stats_one
+from course_lib.pile_command import _stats_one, pile_main
 
 LINES = [{"text": f"record {i} " + "abc " * 50, "meta": {"pile_set_name": "Github", "i": i}}
          for i in range(200)]
@@ -268,7 +268,7 @@ def _die(*args):
 def test_a_dead_worker_is_reported(tmp_path, capsys, monkeypatch):
     for i in range(2):
         write_jsonl_zst(tmp_path / f"s{i}.jsonl.zst", LINES[:2])
-    monkeypatch.setattr(course_lib.pile_corpus, "_stats_one", _die)   # the forked workers run this
+    monkeypatch.setattr(course_lib.pile_command, "_stats_one", _die)   # the forked workers run this
     rc, out, err = run_cli(["stats", str(tmp_path), "--processes", "2"], capsys)
     assert rc == 1 and "a worker process died" in err and "Traceback" not in err
 

@@ -6,12 +6,11 @@ import torch
 
 from course_lib.langevin import (LangevinDivergedError, NCSNConfig, annealed_langevin, component_weights,
                                  energy_distance, geometric_sigmas, langevin, sample_report, sliced_wasserstein)
-from course_lib.score_matching import (GaussianMixture, ScoreMLP, ToyScoreConfig, dsm_loss, make_mixture, score_error,
-                                       ssm_loss, toy_data)
-from course_lib.sde import (VESDE, VPSDE, bits_per_dim, euler_maruyama_sampler, mixture_score_fn, ode_likelihood,
-                            ode_sampler, pc_sampler)
-from course_lib.sde_numerics import per_sample
-from course_lib.sde_digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, dequantize, _discretized_gaussian_nll
+from course_lib.score_matching import ScoreMLP, dsm_loss, score_error, ssm_loss
+from course_lib.score_toys import GaussianMixture, ToyScoreConfig, make_mixture, mixture_score_fn, toy_data
+from course_lib.sde import VESDE, VPSDE, euler_maruyama_sampler, pc_sampler
+from course_lib.sde_numerics import bits_per_dim, dequantize, ode_likelihood, ode_sampler, per_sample
+from course_lib.sde_digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, _discretized_gaussian_nll
 
 
 def gen(seed=0):

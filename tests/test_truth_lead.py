@@ -80,7 +80,7 @@ def read_only_locks(monkeypatch):
 
 
 def _mini_pile():
-    from course_lib.pile import mini_pile
+    from course_lib.pile_command import mini_pile
     return mini_pile(0.05)
 
 
@@ -120,7 +120,7 @@ def test_loaders_read_a_read_only_cache_that_holds_the_artefact(cache, read_only
 
 
 def test_lora_adapter_cache_is_read_from_a_read_only_cache(cache, read_only_locks, monkeypatch):
-    import course_lib.lora_io as lora_io
+    import course_lib.lora_command as lora_io
     from course_lib.lora_train import LoRATrainConfig, base_config, load_base
     base = load_base(base_config(100), progress=False)
     cfg = LoRATrainConfig(steps=2, batch_size=4, preview_every=0, adapter_name="bold", prior_images=0)
@@ -189,14 +189,14 @@ def test_count_flops_names_a_size_the_model_refuses_and_defaults_to_its_own():
 
 @pytest.mark.parametrize("rank", ["0", "-3"])
 def test_adapter_metadata_with_a_rank_below_one_is_named(rank):
-    from course_lib.lora_io import parse_adapter_metadata
+    from course_lib.lora_files import parse_adapter_metadata
     meta = {"rank": rank, "alpha": "4.0", "target_modules": '["to_q"]'}
     with pytest.raises(ValueError, match=rf"a.safetensors: adapter metadata 'rank' is {rank}, not an integer >= 1"):
         parse_adapter_metadata("a.safetensors", meta)       # before: `course lora info` printed it, exit 0
 
 
 def test_lora_train_names_a_file_given_as_the_image_folder(tmp_path, capsys):
-    from course_lib.lora_io import lora_main
+    from course_lib.lora_command import lora_main
     (tmp_path / "a.safetensors").write_bytes(b"x")
     assert lora_main(["train", str(tmp_path / "a.safetensors"), str(tmp_path / "o.safetensors")]) == 2
     err = capsys.readouterr().err

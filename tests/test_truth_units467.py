@@ -45,7 +45,8 @@ def test_the_careful_zstd_reader_refuses_an_empty_stream(tmp_path):
 
 
 def test_load_corpus_and_pile_stats_refuse_an_empty_shard(tmp_path, capsys):
-    from course_lib.pile_corpus import load_corpus, pile_main
+    from course_lib.pile_corpus import load_corpus
+    from course_lib.pile_command import pile_main
     from course_lib.jsonl_zst import PileFormatError
     (tmp_path / "a.jsonl.zst").write_bytes(b"")
     for p in (tmp_path / "a.jsonl.zst", tmp_path):
@@ -78,7 +79,7 @@ def tiny_lm(tmp_path_factory):
 
 
 def test_bpb_errors_skip_says_how_many_lines_it_skipped(tiny_lm, tmp_path, capsys):
-    from course_lib.bpb import bpb_main
+    from course_lib.bpb_command import bpb_main
     payload = (b"{not json\n" + b"".join(json.dumps(r).encode() + b"\n" for r in DOCS)
                + b'{"meta": {}}\n' + b"[1, 2\n")
     f = tmp_path / "bad.jsonl.zst"
@@ -177,7 +178,7 @@ def _folder(tmp_path, name="my_dog", captions=None, n=3):
 
 
 def test_a_folder_without_captions_is_refused_naming_the_missing_caption_files(tmp_path):
-    from course_lib.lora_train import check_lora_folder
+    from course_lib.lora_command import check_lora_folder
     d = _folder(tmp_path)
     with pytest.warns(UserWarning, match="no caption file"), pytest.raises(
             ValueError, match=r"3 of 3 images have no caption file \(e\.g\. 0000\.txt\).*"
@@ -186,7 +187,7 @@ def test_a_folder_without_captions_is_refused_naming_the_missing_caption_files(t
 
 
 def test_captions_without_the_trigger_are_refused_by_the_folder_check(tmp_path):
-    from course_lib.lora_train import check_lora_folder
+    from course_lib.lora_command import check_lora_folder
     d = _folder(tmp_path, captions=["a photo of sks digit", "a four"])
     assert check_lora_folder(d, "sks") == {"images": 3, "caption_files": 3, "with_trigger": 2}
     with pytest.raises(ValueError, match=r"the trigger 'zwx' is in none of the 3 captions.*--trigger"):
@@ -218,7 +219,7 @@ def test_negative_or_fractional_prior_images_are_refused_naming_the_value(bad):
 
 
 def test_adapter_spec_with_a_weight_that_is_not_a_number_names_the_spec():
-    from course_lib.lora_train import parse_adapter_spec
+    from course_lib.lora_command import parse_adapter_spec
     assert parse_adapter_spec("a/b.safetensors") == ("a/b.safetensors", 1.0)
     assert parse_adapter_spec("x=y.safetensors=0.5") == ("x=y.safetensors", 0.5)
     for spec in ("X=abc", "X=nan", "=0.5"):
@@ -260,7 +261,7 @@ def test_a_damaged_flux_lora_file_is_named_before_diffusers_reads_it(tmp_path):
 @pytest.mark.parametrize("damage", ["weights", "config", "tokenizer"])
 def test_a_damaged_model_directory_is_named_with_what_to_do(tiny_lm, tmp_path, damage, capsys):
     import shutil
-    from course_lib.bpb import load_local_lm, bpb_main
+    from course_lib.bpb_command import load_local_lm, bpb_main
     d = tmp_path / "lm"
     shutil.copytree(tiny_lm, d)
     name = {"weights": "model.safetensors", "config": "config.json",
@@ -363,7 +364,8 @@ def _adapter_file(tmp_path, **meta):
                                               ("target_modules", "[to_q", "JSON"),
                                               ("use_rslora", "yes", "JSON")])
 def test_lead43_malformed_adapter_metadata_is_named(tmp_path, capsys, key, value, what):
-    from course_lib.lora_io import read_adapter, lora_main
+    from course_lib.lora_io import read_adapter
+    from course_lib.lora_command import lora_main
     p = _adapter_file(tmp_path, **{key: value})
     import re
     with pytest.raises(ValueError, match=rf"a\.safetensors: adapter metadata '{key}' is "
@@ -374,14 +376,14 @@ def test_lead43_malformed_adapter_metadata_is_named(tmp_path, capsys, key, value
 
 
 def _refuse_base(monkeypatch):
-    import course_lib.lora_io as io
+    import course_lib.lora_command as io
     def no_base(*a, **k): raise AssertionError("the base model was loaded before the check")
     monkeypatch.setattr(io, "load_base", no_base)
 
 
 def test_lead43_lora_train_checks_the_folder_and_settings_before_the_base(tmp_path, monkeypatch,
                                                                          capsys):
-    from course_lib.lora_io import lora_main
+    from course_lib.lora_command import lora_main
     _refuse_base(monkeypatch)
     d = _folder(tmp_path)                                      # images, no caption files
     with pytest.warns(UserWarning):
@@ -396,7 +398,7 @@ def test_lead43_lora_train_checks_the_folder_and_settings_before_the_base(tmp_pa
 
 
 def test_lead43_lora_generate_names_a_bad_adapter_weight(tmp_path, monkeypatch, capsys):
-    from course_lib.lora_io import lora_main
+    from course_lib.lora_command import lora_main
     _refuse_base(monkeypatch)
     assert lora_main(["generate", "a sks digit", str(tmp_path / "o.png"), "--adapter", "X=abc"]) == 2
     assert "--adapter 'X=abc': write PATH or PATH=WEIGHT" in capsys.readouterr().err

@@ -247,3 +247,43 @@ def test_course_finetune_vit_img_size_is_saved_and_reused(tmp_path, capsys):
     assert finetune_main(args[:-2] + ["--img-size", "32", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "img_size mismatch" in err and "create it with img_size=16" in err
+
+
+# ---- the input checks of course_lib.vision_checks (library notebook 55) ------------------------------------
+
+def test_malformed_img_size_is_refused_by_the_data_config():
+    "model_data_config took img_size=0 and (32, 32, 1) and returned a config no image fits; now refused."
+    m = timm.create_model("course_resnet_32")
+    for bad in (0, (32, 32, 1)):
+        with pytest.raises(ValueError, match="img_size must be an int or"): model_data_config(m, img_size=bad)
+    assert model_data_config(m, img_size=(24, 16))["input_size"] == (1, 24, 16)
+
+
+def test_finetune_argument_checks_name_the_fix():
+    from course_lib.vision_checks import check_finetune_inputs, dataset_tensors
+    ds = _tiny(n=4, size=8)
+    with pytest.raises(ValueError, match="unknown strategy 'ful'"): finetune("course_resnet_32", ds, strategy="ful")
+    with pytest.raises(ValueError, match="needs pretrained_file"): finetune("course_resnet_32", ds, strategy="lld")
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        finetune("course_resnet_32", ds, strategy="scratch", config=FinetuneConfig(steps=0))
+    with pytest.raises(ValueError, match="not in the timm registry"):
+        finetune("course_resnet_23", ds, strategy="scratch")
+    with pytest.raises(ValueError, match="empty"):
+        check_finetune_inputs("course_resnet_32", TensorDataset(torch.zeros(0, 1, 8, 8), torch.zeros(0)),
+                              "scratch", ("scratch",), None, None, 1)
+    items = [(x, int(y)) for x, y in ds]                       # any (x, y) dataset, not only a TensorDataset
+    xs, ys = dataset_tensors(items)
+    assert torch.equal(xs, ds.tensors[0]) and ys.dtype == torch.long and ys.tolist() == ds.tensors[1].tolist()
+    _, _, k, kw = check_finetune_inputs("course_resnet_32", items, "scratch", ("scratch",), None, None, 1)
+    assert k == 2 and kw == {"in_chans": 1, "img_size": 8}
+
+
+def test_next_batch_walks_epochs_and_samples_small_sets():
+    from course_lib.vision_checks import next_batch
+    g, perm, pos, seen = torch.Generator().manual_seed(0), torch.empty(0, dtype=torch.long), 0, []
+    for _ in range(5):
+        idx, perm, pos = next_batch(10, 5, g, perm, pos)
+        seen.append(sorted(idx.tolist()))
+    assert sorted(seen[0] + seen[1]) == list(range(10)) and sorted(seen[2] + seen[3]) == list(range(10))
+    small, _, _ = next_batch(3, 8, g, torch.empty(0, dtype=torch.long), 0)
+    assert len(small) == 8 and set(small.tolist()) <= {0, 1, 2}

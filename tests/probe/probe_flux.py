@@ -78,12 +78,14 @@ def test_sample_flow_takes_a_generator_on_either_device(flow, where):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     "An untrained small FLUX-mini pipeline, saved as `load_flux_mini` caches one."
-    from course_lib.flux import FluxMiniConfig, make_flux_pipeline, save_flux_mini
+    from course_lib.flux import FluxMiniConfig, make_flux_pipeline
+    from course_lib.flux_io import save_flux_mini
     return save_flux_mini(make_flux_pipeline(FluxMiniConfig(**SMALL)), tmp_path_factory.mktemp("fm") / "pipe")
 
 
 def test_open_flux_mini_puts_the_pipeline_on_the_device(saved):
-    from course_lib.flux import generate, open_flux_mini
+    from course_lib.flux import generate
+    from course_lib.flux_io import open_flux_mini
     from course_lib.flux_train import judge_prompt_rate
     pipe = open_flux_mini(saved)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
@@ -104,7 +106,8 @@ def test_open_flux_mini_puts_the_pipeline_on_the_device(saved):
 
 def test_flux_velocity_follows_the_pipeline(saved):
     "Lesson 72's own Euler loop: `FluxVelocity` on the pipeline's device, its tables there too."
-    from course_lib.flux import FluxVelocity, caption_table, encode_latents, open_flux_mini
+    from course_lib.flux import FluxVelocity, caption_table, encode_latents
+    from course_lib.flux_io import open_flux_mini
     pipe = open_flux_mini(saved)
     table, pe, pooled, ids = caption_table(pipe, ["seven", "two"])
     assert pe.device.type == DEV
@@ -140,7 +143,7 @@ def lora_cfg(**kw):
 
 @pytest.mark.parametrize("text_encoder", [False, True], ids=["transformer", "with-clip"])
 def test_flux_lora_trains_and_reloads_on_the_device(saved, folder, tmp_path, text_encoder):
-    from course_lib.flux import open_flux_mini
+    from course_lib.flux_io import open_flux_mini
     from course_lib.flux_lora_export import load_flux_lora, save_flux_lora
     from course_lib.flux_lora_train import flux_generate, train_flux_lora
     base = open_flux_mini(saved)
@@ -163,7 +166,7 @@ def test_flux_lora_trains_and_reloads_on_the_device(saved, folder, tmp_path, tex
 
 def test_flux_lora_on_a_bf16_base_on_the_device(saved, folder):
     "How FLUX trainers run on a GPU: a bfloat16 base, float32 LoRA weights (diffusers' cast_training_params)."
-    from course_lib.flux import open_flux_mini
+    from course_lib.flux_io import open_flux_mini
     from course_lib.flux_lora_train import flux_generate, train_flux_lora
     pipe = open_flux_mini(saved).to(torch.bfloat16)
     run = train_flux_lora(pipe, folder, lora_cfg(), progress=False)

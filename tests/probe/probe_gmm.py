@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from course_lib.device_probe import kind
-from course_lib.score_matching import ScoreMLP, make_mixture, relative_score_errors, score_error
+from course_lib.score_matching import ScoreMLP, relative_score_errors, score_error
+from course_lib.score_toys import make_mixture
 
 DEV = kind()
 

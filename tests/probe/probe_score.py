@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from course_lib.device_probe import kind
-from course_lib.sde import VESDE, VPSDE, euler_maruyama_sampler, ode_likelihood, ode_sampler, pc_sampler
+from course_lib.sde import VESDE, VPSDE, euler_maruyama_sampler, pc_sampler
+from course_lib.sde_numerics import ode_likelihood, ode_sampler
 
 DEV = kind()
 
