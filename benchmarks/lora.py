@@ -11,7 +11,9 @@ import argparse, json, os, resource, subprocess, sys, time
 def one(mode: str, steps: int, batch_size: int, rank: int) -> dict:
     import copy, torch
     from course_lib.ddpm import make_unet
-    from course_lib.lora_train import base_config, add_lora, LORA_TARGETS, adapter_file_bytes, PeakMemory
+    from course_lib.lora import add_lora, LORA_TARGETS
+    from course_lib.lora_base import base_config
+    from course_lib.lora_metrics import adapter_file_bytes, PeakMemory
     from course_lib.core import get_device
     dev = get_device()
     cfg = base_config(1)

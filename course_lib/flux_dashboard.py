@@ -15,6 +15,7 @@ import torch
 from .core import atomic_write, load_checkpoint, patch_to
 from .flux_lora_train import (FluxLoRAConfig, FluxLoRARun, flux_generate,
                                         read_concept_folder, train_flux_lora)
+from .lora_metrics import in_notebook_frontend, loss_figure, png_bytes
 
 
 # %% auto #0
@@ -121,10 +122,9 @@ class FluxLoRADashboard:
                  config: FluxLoRAConfig | None = None, preview_prompts: Sequence[str] = (),
                  headless: bool | None = None, progress: bool = True,
                  reg_folder: str | os.PathLike | None = None):
-        from course_lib.lora_train import _in_notebook_frontend
         self.base, self.root, self.folder = base, Path(root), Path(folder)
         self.config, self.preview_prompts = config or FluxLoRAConfig(), list(preview_prompts)
-        self.headless = (not _in_notebook_frontend()) if headless is None else headless
+        self.headless = (not in_notebook_frontend()) if headless is None else headless
         self.progress, self.run, self.history, self.error = progress, None, [], None
         self.reg_folder = reg_folder
         self._stop, self._thread = threading.Event(), None
@@ -249,8 +249,7 @@ def _say(self, text: str) -> None:
 def _on_step(self, row: dict) -> None:
     self.history.append(row)
     if self.headless or row["step"] % 10: return
-    from course_lib.lora_train import _png, loss_figure
-    self.curve.value = _png(loss_figure(self.history, title="FLUX LoRA loss"))
+    self.curve.value = png_bytes(loss_figure(self.history, title="FLUX LoRA loss"))
     self._say(f"step {row['step']}, loss {row['loss']:.4f}, {row['seconds']:.0f} s")
 
 @patch_to(FluxLoRADashboard)
@@ -258,12 +257,11 @@ def compare(self, names: Sequence[str] | None = None):
     "`compare_runs` of the runs `names` (default: all); with widgets, shown in the comparison tab."
     rows, fig = compare_runs([self.root/n for n in (names or self.runs())])
     if not self.headless:
-        from course_lib.lora_train import _png
         head = "".join(f"<th>{k}</th>" for k in rows[0]) if rows else ""
         cells = lambda r: "".join(f"<td>{v}</td>" for v in r.values())
         body = "".join(f"<tr>{cells(r)}</tr>" for r in rows)
         self.table.value = f"<table><tr>{head}</tr>{body}</table>"
-        self.cmp_img.value = _png(fig)
+        self.cmp_img.value = png_bytes(fig)
     return rows, fig
 
 # %% ../nbs/75_flux_dashboard.ipynb #ef1d5d67

@@ -20,7 +20,8 @@ from .flow import TIME_SAMPLINGS, sample_time
 from .flux_lora import (FLUX_ATTENTION_TARGETS, add_flux_lora, encode_captions,
                                   encode_images, flux_flow_loss, trainable_parameters)
 from .flux_lora_export import lora_state
-from .lora_data import DIGIT_WORDS, TRIGGER, fit_image, read_captions
+from .lora_base import DIGIT_WORDS, TRIGGER, read_captions
+from .lora_data import fit_image
 
 # %% auto #0
 __all__ = ['PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder', 'FluxLoRARun', 'train_flux_lora',

@@ -11,7 +11,6 @@ import torch
 import torch.nn as nn
 
 from .lora_checks import check_rank_alpha
-from .lora_metrics import count_parameters
 
 # %% auto #0
 __all__ = ['LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'lora_param_count', 'LORA_TARGETS', 'add_lora', 'adapter_names', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter']

@@ -15,8 +15,7 @@ from torch.utils.data import Dataset
 
 from .core import patch_to
 from .data import FolderReport, open_image, to_float
-from .lora_base import (CONCEPT_DIGIT, DIGIT_WORDS, TRIGGER, Augment, BucketBatchSampler,
-                                  filename_captioner, read_captions, write_concept_folder)
+from .lora_base import filename_captioner, read_captions
 from .lora_checks import check_dataset_args, usable_images
 
 # %% auto #0

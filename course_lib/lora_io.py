@@ -6,17 +6,15 @@
 from __future__ import annotations
 import os, re, warnings
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import torch
 import torch.nn as nn
 
 from .core import atomic_write, unwrap_model
-from .lora import (active_adapters, adapter_names, merge_adapters, remove_adapter,
-                             set_adapters, unmerge_adapters)
-from .lora_files import (ADAPTER_FORMAT, adapter_metadata, base_fingerprint,
-                                   check_adapter_file, check_adapter_keys, read_adapter)
-from .lora_train import add_lora
+from .lora import adapter_names, add_lora, set_adapters
+from .lora_files import (adapter_metadata, base_fingerprint, check_adapter_file,
+                                   check_adapter_keys, read_adapter)
 
 # %% auto #0
 __all__ = ['save_adapter', 'load_adapter']

@@ -16,14 +16,10 @@ import torch.nn.functional as F
 from .core import grad_enabled, get_device
 from .ddpm import DDPMConfig, diffusion_target, make_scheduler, sample
 from .lora import LORA_TARGETS, add_lora
-from .lora_base import (BASE_CLASSES, CONCEPT_DIGIT, DIGIT_WORDS, TRIGGER, base_config,
-                                  check_captions, encode_prompt, generate, load_base)
+from .lora_base import BASE_CLASSES, TRIGGER, check_captions, encode_prompt, generate
 from .lora_checks import check_train_config
 from .lora_data import ConceptDataset
-from .lora_metrics import (MetricsLog, PeakMemory, adapter_file_bytes, concept_report,
-                                     loss_figure, png_bytes, training_state_bytes)
-# the names course_lib.flux_dashboard imports from here
-from .lora_metrics import in_notebook_frontend as _in_notebook_frontend, png_bytes as _png
+from .lora_metrics import MetricsLog, PeakMemory, training_state_bytes
 
 # %% auto #0
 __all__ = ['LoRATrainConfig', 'TrainResult', 'prior_set', 'diffusion_loss', 'train_step', 'preview_if_due', 'train_lora']

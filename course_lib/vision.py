@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from .core import get_device, atomic_write
 from .vision_checks import suggest_models, check_model_name, model_in_chans
-from .vision_registry import count_params, count_flops, model_data_config, normalize_images
+from .vision_registry import (count_params, count_flops, model_data_config,
+                                        normalize_images)
 from .vision_checkpoints import (save_model, checkpoint_info, check_checkpoint,
                                            create_vision_model, load_finetuned)
 from .vision_transfer import (digits_task, source_task, target_task,

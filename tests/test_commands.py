@@ -205,7 +205,7 @@ def test_bpb_bad_arguments(tiny_lm, tmp_path, capsys):
 def test_lora_train_info_generate(tmp_path):
     """train FOLDER OUT --rank --alpha --lr --steps --batch-size --prior-images --trigger --base-steps --log;
     info ADAPTER; generate PROMPT OUT --adapter PATH=WEIGHT --n --seed --steps --base-steps."""
-    from course_lib.lora_data import write_concept_folder
+    from course_lib.lora_base import write_concept_folder
     folder = write_concept_folder(tmp_path / "concept", n=4, pixels=16, trigger="zqx")
     ada = tmp_path / "zqx.safetensors"
     r = course("lora", "train", folder, ada, "--rank", "2", "--alpha", "4", "--lr", "0.01", "--steps", "2",

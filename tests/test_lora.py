@@ -9,11 +9,12 @@ import torch
 import torch.nn as nn
 from PIL import Image
 
-from course_lib.lora import (LoRALinear, LoRAConv2d, inject_lora, lora_layers, merge_lora, unmerge_lora,
-                             count_parameters, lora_param_count)
+from course_lib.lora import LoRALinear, LoRAConv2d, inject_lora, lora_layers, merge_lora, unmerge_lora, lora_param_count
+from course_lib.lora_base import Augment, BucketBatchSampler, write_concept_folder
 from course_lib.lora_files import copy_lora_to_peft
-from course_lib.lora_data import (ConceptDataset, Augment, aspect_buckets, assign_bucket, read_captions,
-                                  write_concept_folder, filename_captioner, BucketBatchSampler)
+from course_lib.lora_metrics import count_parameters
+from course_lib.lora_data import (ConceptDataset, aspect_buckets, assign_bucket, read_captions,
+                                  filename_captioner)
 
 # folders without caption files are made on purpose below; test_warning_when_no_caption_matches checks the warning
 pytestmark = pytest.mark.filterwarnings("ignore:no caption file")
@@ -308,8 +309,9 @@ def test_adapter_roundtrip_and_seeded_generation(tiny_base, trained):
 
 
 def test_switch_blend_merge(tiny_base, trained):
-    from course_lib.lora_io import (save_adapter, load_adapter, set_adapters, active_adapters, merge_adapters,
-                                    unmerge_adapters, adapter_names, remove_adapter)
+    from course_lib.lora import (set_adapters, active_adapters, merge_adapters, unmerge_adapters, adapter_names,
+                                 remove_adapter)
+    from course_lib.lora_io import save_adapter, load_adapter
     model, res, ds, tmp = trained
     path = save_adapter(model, tmp / "b.safetensors", "concept")
     m = copy.deepcopy(tiny_base)

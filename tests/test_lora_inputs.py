@@ -10,7 +10,8 @@ import torch
 from course_lib.ddpm import DDPMConfig, make_unet
 from course_lib.lora_train import add_lora, LoRATrainConfig
 from course_lib.lora_checks import check_target_modules
-from course_lib.lora_io import save_adapter, load_adapter, read_adapter, active_adapters, set_adapters
+from course_lib.lora import active_adapters
+from course_lib.lora_io import save_adapter, load_adapter, read_adapter, set_adapters
 
 CFG = DDPMConfig.quick(block_out_channels=(8, 16), norm_num_groups=4, num_classes=10)
 
@@ -148,7 +149,7 @@ def test_any_legal_file_name_loads(tmp_path):
 
 def test_course_lora_generate_takes_any_legal_file_name(tmp_path):
     "`--adapter style.v2.safetensors` failed with a KeyError (peft adapter names cannot hold '.')."
-    from course_lib.lora_train import base_config, load_base
+    from course_lib.lora_base import base_config, load_base
     base = load_base(base_config(2), progress=False)                 # a 2-step base: cached, seconds to train
     add_lora(base, 2, adapter_name="concept")
     randomise_lora(base)
@@ -164,14 +165,14 @@ def test_course_lora_generate_takes_any_legal_file_name(tmp_path):
 
 def test_adapters_on_different_layers_are_all_seen():
     "Adapter A on to_q and B on time_emb_proj: the first LoRA layer holds only B, yet both exist."
-    import course_lib.lora_io as io
+    from course_lib.lora import adapter_names, remove_adapter
     unet = add_lora(tiny_unet(), 2, target_modules=["to_q"], adapter_name="A")
     add_lora(unet, 2, target_modules=["time_emb_proj"], adapter_name="B")
-    assert io.adapter_names(unet) == ["A", "B"]
+    assert adapter_names(unet) == ["A", "B"]
     set_adapters(unet, {"A": 1.0, "B": 0.5})
     assert active_adapters(unet) == pytest.approx({"A": 1.0, "B": 0.5})
-    io.remove_adapter(unet, "A")
-    assert io.adapter_names(unet) == ["B"]
+    remove_adapter(unet, "A")
+    assert adapter_names(unet) == ["B"]
 
 
 def test_adding_an_adapter_under_a_taken_name_is_refused():
@@ -185,7 +186,7 @@ def test_adding_an_adapter_under_a_taken_name_is_refused():
 
 def test_course_lora_generate_on_another_base_names_the_flag(tmp_path):
     "The message advised check_base=False, which the command line has no way to pass."
-    from course_lib.lora_train import base_config, load_base
+    from course_lib.lora_base import base_config, load_base
     base = load_base(base_config(2), progress=False)
     add_lora(base, 2, adapter_name="concept")
     a = save_adapter(base, tmp_path / "a.safetensors", "concept")

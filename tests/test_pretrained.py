@@ -59,7 +59,7 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     from course_lib.classifier import ClassifierConfig, load_digits_classifier
     from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
     from course_lib.lm import TinyGPTConfig, tiny_gpt2
-    from course_lib.lora_train import base_config, load_base
+    from course_lib.lora_base import base_config, load_base
     from course_lib.vision_transfer import pretrained_source_model
     figures = {m["kind"] + m["call"]: m["figures"] for m in PROV["models"].values()}
     clf = load_digits_classifier(config=ClassifierConfig())

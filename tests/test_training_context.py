@@ -9,7 +9,8 @@ import torch
 from course_lib.classifier import ClassifierConfig, load_digits_classifier, train_digits_classifier
 from course_lib.ddpm import DDPMConfig, make_unet, train_ddpm
 from course_lib.lm import TinyGPTConfig, train_tiny_gpt2
-from course_lib.lora_data import ConceptDataset, write_concept_folder
+from course_lib.lora_base import write_concept_folder
+from course_lib.lora_data import ConceptDataset
 from course_lib.lora_train import LoRATrainConfig, train_lora
 from course_lib.langevin import NCSNConfig, train_ncsn
 from course_lib.score_matching import ToyScoreConfig, train_toy_score

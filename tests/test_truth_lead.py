@@ -121,7 +121,8 @@ def test_loaders_read_a_read_only_cache_that_holds_the_artefact(cache, read_only
 
 def test_lora_adapter_cache_is_read_from_a_read_only_cache(cache, read_only_locks, monkeypatch):
     import course_lib.lora_command as lora_io
-    from course_lib.lora_train import LoRATrainConfig, base_config, load_base
+    from course_lib.lora_base import base_config, load_base
+    from course_lib.lora_train import LoRATrainConfig
     base = load_base(base_config(100), progress=False)
     cfg = LoRATrainConfig(steps=2, batch_size=4, preview_every=0, adapter_name="bold", prior_images=0)
     path = lora_io.load_or_train_adapter("bold", base, cfg, n_images=8)
@@ -137,9 +138,10 @@ def test_lora_adapter_of_a_wrapped_unet_saves_and_loads_as_the_plain_models(tmp_
     import copy
     import torch
     from safetensors import safe_open
-    from course_lib.lora import set_adapters
-    from course_lib.lora_io import base_fingerprint, load_adapter, save_adapter
-    from course_lib.lora_train import add_lora, base_config, load_base
+    from course_lib.lora import add_lora, set_adapters
+    from course_lib.lora_base import base_config, load_base
+    from course_lib.lora_files import base_fingerprint
+    from course_lib.lora_io import load_adapter, save_adapter
     base = load_base(base_config(100), progress=False)
     unet = copy.deepcopy(base)
     add_lora(unet, 2, 2.0, ["to_q", "to_v"], adapter_name="concept")

@@ -239,7 +239,8 @@ def test_settings_without_effect_in_a_lora_config_are_named():
 
 
 def test_lora_data_docstrings_name_the_right_tools():
-    from course_lib.lora_data import Augment, ConceptDataset
+    from course_lib.lora_base import Augment
+    from course_lib.lora_data import ConceptDataset
     assert "ai-toolkit's `trigger_word`" in ConceptDataset.__doc__
     assert "keep_tokens' habit" not in ConceptDataset.__doc__
     assert "additive" in Augment.__doc__ and "multiplies" in Augment.__doc__
@@ -350,7 +351,7 @@ def test_sample_guided_warns_for_a_negative_at_guidance_one(monkeypatch):
 
 def _adapter_file(tmp_path, **meta):
     from safetensors.torch import save_file
-    from course_lib.lora_io import ADAPTER_FORMAT
+    from course_lib.lora_files import ADAPTER_FORMAT
     m = {"format": ADAPTER_FORMAT, "base_hash": "abc", "rank": "2", "alpha": "2",
          "target_modules": '["to_q"]', **meta}
     p = tmp_path / "a.safetensors"

@@ -38,7 +38,7 @@ def train(kind: str) -> list[dict]:
                      call="load_digits_classifier(config=ClassifierConfig())")]
     if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):      # the lessons' models and the quick profile's
         from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
-        from course_lib.lora_train import base_config
+        from course_lib.lora_base import base_config
         cfg, call = {"ddpm": (DDPMConfig(), "load_pretrained_ddpm(DDPMConfig())"),
                      "base": (base_config(), "load_base(base_config())"),
                      "ddpm-quick": (DDPMConfig.quick(), "load_pretrained_ddpm(DDPMConfig.quick())"),
