@@ -7,7 +7,7 @@
    - plain zstandard stream decompression into nothing (the single-core limit of the format),
    - JSON decoding alone of the same lines already decompressed and split in memory (msgspec, the reader's decoder,
      and orjson): the most one thread that parses can reach, whatever overlaps with it,
-   - `course_lib.pile.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
+   - `course_lib.jsonl_zst.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
    - `lm_dataformat.Reader.stream_data` (the Pile's own reader), and a naive orjson line loop.
 2. The same data in several shards of equal size, read by `course pile stats --processes N` (in this process, so
    `pile_main` with the pool it starts): scaling, against one process reading them one after another; and, for
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import zstandard
 
-from course_lib.pile import read_jsonl_zst, write_jsonl_zst, ReadStats
+from course_lib.jsonl_zst import read_jsonl_zst, write_jsonl_zst, ReadStats
 from course_lib.pile_command import mini_pile_records, format_table, pile_main, _stats_one
 from course_lib.jsonl_zst import _loads
 

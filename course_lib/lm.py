@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 
 from .core import restore_pretrained, grad_enabled, cache_dir, seed_everything, get_device
-from .pile import read_jsonl_zst
+from .jsonl_zst import read_jsonl_zst
 from .pile_command import mini_pile
 
 # %% auto #0

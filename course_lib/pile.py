@@ -8,10 +8,6 @@ import hashlib, json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .jsonl_zst import (
-    PileFormatError, CorruptStreamError, ReadStats, write_jsonl_zst, read_jsonl_zst)
-from .pile_corpus import load_corpus
-
 # %% auto #0
 __all__ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MINI_PILE_SUBSETS', 'SPLITS', 'PileSubset',
            'pile_set_name', 'filter_subsets', 'SubsetCount', 'count_subsets', 'merge_counts', 'composition_table',

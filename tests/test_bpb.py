@@ -10,7 +10,7 @@ from course_lib.bpb import BPBResult, bpb, n_bytes, prefix_token_id, rolling_win
 from course_lib.bpb_command import bpb_main
 from course_lib.compressors import COMPRESSORS, compressor_bpb
 from course_lib.lm import train_bpe_tokenizer
-from course_lib.pile import write_jsonl_zst
+from course_lib.jsonl_zst import write_jsonl_zst
 
 DOCS = [
     {"text": "Bits per byte divides the log-likelihood by UTF-8 bytes. " * 12, "meta": {"pile_set_name": "Pile-CC"}},
@@ -195,7 +195,7 @@ def test_two_processes_same_totals(tiny, tmp_path):
         from accelerate import Accelerator
         from course_lib.bpb import bpb
         from course_lib.bpb_command import load_local_lm
-        from course_lib.pile import read_jsonl_zst
+        from course_lib.jsonl_zst import read_jsonl_zst
         acc = Accelerator(cpu=True)
         model, tok = load_local_lm({str(d)!r})
         rep = bpb(model, tok, read_jsonl_zst({str(tmp_path / 'docs.jsonl.zst')!r}), window={WINDOW}, accelerator=acc)

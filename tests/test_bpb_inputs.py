@@ -11,7 +11,7 @@ import zstandard
 from course_lib.bpb import bpb
 from course_lib.bpb_command import bpb_main
 from course_lib.lm import train_bpe_tokenizer
-from course_lib.pile import write_jsonl_zst
+from course_lib.jsonl_zst import write_jsonl_zst
 
 DOCS = [{"text": "Bits per byte divides the log-likelihood by UTF-8 bytes. " * 4,
          "meta": {"pile_set_name": "A"}},

@@ -16,7 +16,7 @@ from PIL import Image
 
 import course_lib
 from course_lib.cli import PLUGINS, main
-from course_lib.pile import write_jsonl_zst
+from course_lib.jsonl_zst import write_jsonl_zst
 
 ROOT = Path(__file__).resolve().parent.parent
 COURSE = [sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())"]

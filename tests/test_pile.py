@@ -5,9 +5,10 @@ import io, json, random
 import pytest
 import zstandard
 
-from course_lib.pile import (PILE_TABLE1, PILE_RAW_GIB, PILE_EFFECTIVE_GIB, CorruptStreamError, PileFormatError,
-                             ReadStats, count_subsets, composition_table, filter_subsets, load_corpus,
-                             read_jsonl_zst, split_of, write_jsonl_zst, SPLITS, MINI_PILE_SUBSETS)
+from course_lib.jsonl_zst import CorruptStreamError, PileFormatError, ReadStats, read_jsonl_zst, write_jsonl_zst
+from course_lib.pile import (PILE_TABLE1, PILE_RAW_GIB, PILE_EFFECTIVE_GIB, count_subsets, composition_table,
+                             filter_subsets, split_of, SPLITS, MINI_PILE_SUBSETS)
+from course_lib.pile_corpus import load_corpus
 from course_lib.pile_command import build_mini_pile, pile_main
 
 RECORDS = [

@@ -10,9 +10,10 @@ import zstandard
 
 import course_lib
 import course_lib.pile_command
-from course_lib.pile import (CorruptStreamError, PileFormatError, ReadStats, count_subsets,
-                             filter_subsets, load_corpus, pile_set_name, read_jsonl_zst,
-                             write_jsonl_zst)
+from course_lib.jsonl_zst import (CorruptStreamError, PileFormatError, ReadStats, read_jsonl_zst,
+                                  write_jsonl_zst)
+from course_lib.pile import count_subsets, filter_subsets, pile_set_name
+from course_lib.pile_corpus import load_corpus
 from course_lib.pile_command import _stats_one, pile_main
 
 LINES = [{"text": f"record {i} " + "abc " * 50, "meta": {"pile_set_name": "Github", "i": i}}
@@ -312,7 +313,7 @@ def test_text_files_lose_their_byte_order_mark(tmp_path):
 
 def test_nan_and_infinity_in_meta_are_refused_not_written_as_null(tmp_path):
     "orjson writes NaN as null: the value would come back as None, silently."
-    from course_lib.pile import write_jsonl_zst
+    from course_lib.jsonl_zst import write_jsonl_zst
     for meta, where in [({"v": float("nan")}, r"meta\['v'\] = nan"),
                         ({"big": 2 ** 100, "w": [1.0, float("inf")]}, r"meta\['w'\]\[1\] = inf")]:
         with pytest.raises(TypeError, match=rf"record 1 cannot be written as JSON: .*{where}"):
