@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exercises', 'solutions', 'register_solution',
            'check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one',
-           'check_timestep_embedding', 'check_add_time', 'check_attention', 'check_ddpm_loss', 'check_ema_update',
+           'check_chain_variance', 'check_betas_from_alpha_bar', 'check_timestep_embedding', 'check_add_time',
+           'check_attention', 'check_group_norm', 'check_masked_attention', 'check_ddpm_loss', 'check_ema_update',
            'check_shift', 'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_gaussian_score',
            'check_dsm_loss', 'check_langevin_step', 'check_annealed_step_sizes', 'check_vp_marginal',
            'check_reverse_sde_step', 'check_eps_to_score', 'check_bits_per_dim', 'check_frechet_gaussians',
@@ -27,7 +28,8 @@ from .exercises_core import (
 from .exercises_ddpm import (
     check_accuracy, check_alpha_bar, check_ancestral_step, check_ddim_step, check_ddpm_loss,
     check_ema_update, check_noisy_image, check_q_sample, check_shift, check_snr_one, check_to_float,
-    check_add_time, check_attention, check_timestep_embedding)
+    check_add_time, check_attention, check_timestep_embedding, check_chain_variance,
+    check_betas_from_alpha_bar, check_group_norm, check_masked_attention)
 from .exercises_score import (
     check_annealed_step_sizes, check_bits_per_dim, check_dsm_loss, check_eps_to_score,
     check_gaussian_score, check_langevin_step, check_reverse_sde_step, check_vp_marginal)
@@ -51,8 +53,9 @@ from .flux_parts import check_digit_slant, check_flux_pack_latents
 # %% ../nbs/04_exercises.ipynb #102a2a10
 _all_ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exercises', 'solutions',
          'register_solution', 'check_to_float', 'check_noisy_image', 'check_alpha_bar',
-         'check_q_sample', 'check_snr_one', 'check_timestep_embedding', 'check_add_time',
-         'check_attention', 'check_ddpm_loss', 'check_ema_update', 'check_shift',
+         'check_q_sample', 'check_snr_one', 'check_chain_variance', 'check_betas_from_alpha_bar',
+         'check_timestep_embedding', 'check_add_time', 'check_attention', 'check_group_norm',
+         'check_masked_attention', 'check_ddpm_loss', 'check_ema_update', 'check_shift',
          'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_gaussian_score',
          'check_dsm_loss', 'check_langevin_step', 'check_annealed_step_sizes', 'check_vp_marginal',
          'check_reverse_sde_step', 'check_eps_to_score', 'check_bits_per_dim',

@@ -13,9 +13,10 @@ from .exercises_core import (
     CheckResult, check, check_value, register_solution, _alpha_bar, _bcast, _betas, _randn)
 
 # %% auto #0
-__all__ = ['check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one',
-           'check_timestep_embedding', 'check_add_time', 'check_attention', 'check_ddpm_loss', 'check_ema_update',
-           'check_shift', 'check_accuracy', 'check_ancestral_step', 'check_ddim_step']
+__all__ = ['check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one', 'check_chain_variance',
+           'check_betas_from_alpha_bar', 'check_timestep_embedding', 'check_add_time', 'check_attention',
+           'check_group_norm', 'check_masked_attention', 'check_ddpm_loss', 'check_ema_update', 'check_shift',
+           'check_accuracy', 'check_ancestral_step', 'check_ddim_step']
 
 # %% ../nbs/94_exercises_ddpm.ipynb #fc7b7a9f
 @register_solution
@@ -121,6 +122,80 @@ def check_snr_one(value) -> CheckResult:
     return check_value(value, t - 1, t + 1, "SNR = 1 where alpha_bar_t = 1/2; t counted from 0 "
                        "(one step either way is accepted)", name="snr_one")
 
+# %% ../nbs/94_exercises_ddpm.ipynb #0a8bd6dc
+@register_solution
+def _ref_chain_variance(betas):
+    """Var(x_t | x_0) after each step of x_t = sqrt(1 - beta_t) x_{t-1} + sqrt(beta_t) eps, for t =
+    0 .. T-1 (counted from 0): v_t = (1 - beta_t) v_{t-1} + beta_t, from 0 (x_0 is given). It
+    equals 1 - alpha_bar_t (Ho et al. 2020, eq. 4)."""
+    v, out = torch.zeros((), dtype=betas.dtype), []
+    for b in betas:
+        v = (1 - b) * v + b
+        out.append(v)
+    return torch.stack(out)
+
+
+def _chain_variance(betas, scale=lambda b: 1 - b, v0=0.0):
+    "The recursion with its usual slips: the factor `scale(beta)` and the start `v0`."
+    v, out = torch.full((), v0, dtype=betas.dtype), []
+    for b in betas:
+        v = scale(b) * v + b
+        out.append(v)
+    return torch.stack(out)
+
+
+def check_chain_variance(fn: Callable) -> CheckResult:
+    """Exercise: the variance of x_t given x_0 after each step of the chain, `fn(betas)` `(T,)` ->
+    `(T,)`."""
+    cases = [("DDPM's linear schedule, T = 20", (_betas(20),)),
+             ("one step (T = 1: the variance is beta_0)", (_betas(20)[:1],)),
+             ("large betas", (torch.linspace(0.1, 0.9, 5),))]
+    mistakes = {"scaling the variance by sqrt(1 - beta_t), the factor of x_{t-1} (a variance "
+                "scales by its square, 1 - beta_t)":
+                    lambda b: _chain_variance(b, scale=lambda x: (1 - x).sqrt()),
+                "adding the betas without shrinking the old variance (v_t = v_{t-1} + beta_t)":
+                    lambda b: torch.cumsum(b, 0),
+                "starting from variance 1 (x_0 is given: its variance is 0)":
+                    lambda b: _chain_variance(b, v0=1.0),
+                "an off-by-one timestep (entry 0 is x_1's variance, beta_0, not x_0's 0)":
+                    lambda b: torch.cat([torch.zeros(1), _ref_chain_variance(b)[:-1]])}
+    return check(fn, _ref_chain_variance, cases,
+                 "one step scales the variance by (1 - beta_t) and adds beta_t; "
+                 "the result is 1 - alpha_bar_t", mistakes)
+
+# %% ../nbs/94_exercises_ddpm.ipynb #38da7332
+@register_solution
+def _ref_betas_from_alpha_bar(alpha_bar):
+    """beta_t = 1 - alpha_bar_t / alpha_bar_{t-1} for t = 0 .. T-1, with alpha_bar_{-1} = 1 (nothing
+    is lost before the first step): the inverse of alpha_bar = cumprod(1 - betas), as the cosine
+    schedule (Nichol & Dhariwal 2021, eq. 17) gets its betas."""
+    prev = torch.cat([torch.ones(1, dtype=alpha_bar.dtype), alpha_bar[:-1]])
+    return 1 - alpha_bar / prev
+
+
+def check_betas_from_alpha_bar(fn: Callable) -> CheckResult:
+    "Exercise: the betas `(T,)` of a schedule given by its alpha_bar `(T,)`, `fn(alpha_bar)`."
+    f = lambda u: torch.cos((u + 0.008) / 1.008 * math.pi / 2) ** 2
+    cosine = f(torch.arange(1, 11) / 10) / f(torch.zeros(()))
+    cosine[-1] = 1e-3                          # clipped, as the schedule's last beta is
+    prev = lambda ab: torch.cat([torch.ones(1), ab[:-1]])
+    linear = torch.cumprod(1 - torch.linspace(0.01, 0.2, 20), 0)
+    cases = [("a linear schedule, T = 20", (linear,)),
+             ("one step (T = 1: beta_0 = 1 - alpha_bar_0)", (linear[:1],)),
+             ("a cosine schedule, T = 10", (cosine,)),
+             ("a schedule ending in pure noise (alpha_bar_{T-1} = 0)", (_alpha_bar(20),))]
+    mistakes = {"wrapping around at t = 0 (alpha_bar[t - 1] at t = 0 is alpha_bar[T-1] in "
+                "Python; before the first step alpha_bar is 1)": lambda ab: 1 - ab / ab.roll(1),
+                "dropping the first step (beta_0 = 1 - alpha_bar_0; the answer has T values)":
+                    lambda ab: 1 - ab[1:] / ab[:-1],
+                "differences instead of ratios (alpha_bar is a product, so divide)":
+                    lambda ab: prev(ab) - ab,
+                "the ratio upside down (alpha_bar_{t-1} / alpha_bar_t is above 1)":
+                    lambda ab: 1 - prev(ab) / ab}
+    return check(fn, _ref_betas_from_alpha_bar, cases,
+                 "1 - alpha_bar_t / alpha_bar_{t-1}, with alpha_bar_{-1} = 1", mistakes,
+                 nonfinite_hint="alpha_bar[t - 1] at t = 0 is alpha_bar[T-1] in Python, here 0")
+
 # %% ../nbs/94_exercises_ddpm.ipynb #27a5f2a3
 @register_solution
 def _ref_timestep_embedding(t, dim):
@@ -210,6 +285,74 @@ def check_attention(fn: Callable) -> CheckResult:
     return check(fn, _ref_attention, cases,
                  "scores q @ k.transpose(-1, -2) / sqrt(d), softmax over the keys, then @ v",
                  mistakes)
+
+# %% ../nbs/94_exercises_ddpm.ipynb #1dcd8b00
+@register_solution
+def _ref_group_norm(x, groups):
+    """GroupNorm (Wu & He 2018) without the affine weights: each image's channels split into
+    `groups` groups of C / groups, each group normalised by its own mean and (biased) variance over
+    its channels and pixels, eps = 1e-5 as `nn.GroupNorm`. x `(B, C, H, W)` -> same shape."""
+    B, C = x.shape[:2]
+    z = x.reshape(B, groups, -1)
+    z = (z - z.mean(-1, keepdim=True)) / (z.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+    return z.reshape(x.shape)
+
+
+def check_group_norm(fn: Callable) -> CheckResult:
+    """Exercise: GroupNorm without its affine weights, `fn(x, groups)` for `(B, C, H, W)` ->
+    `(B, C, H, W)`, eps = 1e-5."""
+    g = torch.Generator().manual_seed(0)
+    x = _randn(2, 4, 3, 3, g=g) * torch.tensor([1.0, 3.0, 0.5, 2.0])[:, None, None] + 1
+    cases = [("2 images, 4 channels in 2 groups", (x, 2)), ("one group (all channels)", (x, 1)),
+             ("a group per channel", (x, 4)), ("one image", (x[:1], 2))]
+    def batch_stats(x, G):   # the statistics of a group over the whole batch, BatchNorm's way
+        z = x.transpose(0, 1).reshape(G, -1)
+        z = (z - z.mean(-1, keepdim=True)) / (z.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+        return z.reshape(x.shape[1], x.shape[0], *x.shape[2:]).transpose(0, 1)
+    def unbiased(x, G):
+        z = x.reshape(len(x), G, -1)
+        z = (z - z.mean(-1, keepdim=True)) / (z.var(-1, keepdim=True) + 1e-5).sqrt()
+        return z.reshape(x.shape)
+    mistakes = {"statistics over the batch (that is BatchNorm; GroupNorm treats each image alone)":
+                    batch_stats,
+                "the unbiased variance (divide by n, as nn.GroupNorm does, not n - 1)": unbiased,
+                "statistics per channel (that is InstanceNorm, groups = C)":
+                    lambda x, G: _ref_group_norm(x, x.shape[1])}
+    return check(fn, _ref_group_norm, cases,
+                 "reshape to (B, groups, -1), normalise each row by its mean and biased variance "
+                 "(+ 1e-5 under the root), reshape back", mistakes)
+
+# %% ../nbs/94_exercises_ddpm.ipynb #9d9a4643
+@register_solution
+def _ref_masked_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(d)) v where query i sees key j only if mask[i, j]: the masked scores are
+    -inf before the softmax, so each query's weights over its allowed keys sum to 1 (a causal mask
+    is a lower triangle). q `(B, h, N, d)`, k and v `(B, h, M, d)`, mask `(N, M)` bool, every row
+    with at least one True."""
+    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
+    return s.softmax(dim=-1) @ v
+
+
+def check_masked_attention(fn: Callable) -> CheckResult:
+    """Exercise: attention with a mask, `fn(q, k, v, mask)` for `(B, heads, N, d)` tensors and a
+    bool `mask` `(N, M)`, True where a query may look at a key."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (_randn(2, 2, 5, 4, g=g) for _ in range(3))
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    band = (torch.arange(5)[:, None] - torch.arange(5)[None]).abs() <= 1
+    cases = [("a causal mask (query i sees keys 0 .. i)", (q, k, v, causal)),
+             ("a mask that allows everything", (q, k, v, torch.ones_like(causal))),
+             ("a band (each token sees its neighbours)", (q, k, v, band))]
+    scores = lambda q, k: q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mistakes = {"zeroing the weights after the softmax (they no longer sum to 1; mask the scores "
+                "with -inf before it)": lambda q, k, v, m: (scores(q, k).softmax(-1) * m) @ v,
+                "setting masked scores to 0 (exp(0) = 1 still gives them weight; use -inf)":
+                    lambda q, k, v, m: scores(q, k).masked_fill(~m, 0.0).softmax(-1) @ v}
+    return check(fn, _ref_masked_attention, cases,
+                 "scores q @ k.transpose(-1, -2) / sqrt(d), masked_fill(~mask, -inf), softmax over "
+                 "the keys, then @ v", mistakes,
+                 nonfinite_hint="a query whose scores are all -inf gets NaN weights: is the mask "
+                                "inverted? True marks the keys a query may look at")
 
 # %% ../nbs/94_exercises_ddpm.ipynb #211590cd
 def _toy_eps_model(xt, t):

@@ -125,6 +125,7 @@ def predict_x0(self, xt: torch.Tensor, t: torch.Tensor, model_output: torch.Tens
     """x0 from x_t and a network output: eps (x0 = (x_t - sqrt(1-ab) eps) / sqrt(ab)) or v
     (x0 = sqrt(ab) x_t - sqrt(1-ab) v)."""
     check_prediction_type(prediction_type)
+    t = check_timesteps(t, self.num_train_timesteps)
     a, s = _gather(self.alpha_bar.sqrt(), t, xt), _gather((1 - self.alpha_bar).sqrt(), t, xt)
     if prediction_type == "epsilon":
         return (xt - s * model_output) / a

@@ -65,6 +65,12 @@ MISTAKES = {   # name: (a learner's typical wrong answer, words the message must
     "timestep_embedding": (lambda t, d: E._ref_timestep_embedding(t, d).roll(d // 2, -1), "sines first"),
     "add_time": (lambda h, e, w, b: h + (e @ w.T + b)[:, :, None, None], "missing SiLU"),
     "attention": (lambda q, k, v: (q @ k.transpose(-1, -2)).softmax(-1) @ v, "1 / sqrt(d)"),
+    "group_norm": (lambda x, G: torch.nn.functional.instance_norm(x), "InstanceNorm"),
+    "masked_attention": (lambda q, k, v, m: ((q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).softmax(-1) * m) @ v,
+                         "zeroing the weights after the softmax"),
+    # lesson 10, the chain's variance and a schedule's betas
+    "chain_variance": (lambda b: torch.cumsum(b, 0), "adding the betas"),
+    "betas_from_alpha_bar": (lambda ab: 1 - ab / ab.roll(1), "wrapping around at t = 0"),
     "gaussian_score": (lambda x, mu, s: -(x - mu) / s, "sigma instead of sigma^2"),
     "dsm_loss": (lambda f, x0, s, z: 0.5 * (s[:, None] * f(x0 + s[:, None] * z, s) + z).pow(2).mean(),
                  "averaging over dimensions"),
