@@ -8,7 +8,8 @@ from PIL import Image
 import torch
 
 from course_lib.ddpm import DDPMConfig, make_unet
-from course_lib.lora_train import add_lora, LoRATrainConfig
+from course_lib.lora import add_lora
+from course_lib.lora_train import LoRATrainConfig
 from course_lib.lora_checks import check_target_modules
 from course_lib.lora import active_adapters
 from course_lib.lora_io import save_adapter, load_adapter, read_adapter, set_adapters
