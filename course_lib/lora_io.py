@@ -13,8 +13,8 @@ import torch.nn as nn
 
 from .core import atomic_write, unwrap_model
 from .lora import adapter_names, add_lora, set_adapters
-from .lora_files import (adapter_metadata, base_fingerprint, check_adapter_file,
-                                   check_adapter_keys, read_adapter)
+from .lora_files import (adapter_metadata, check_adapter_file, check_adapter_keys,
+                                   read_adapter)
 
 # %% auto #0
 __all__ = ['save_adapter', 'load_adapter']
