@@ -187,7 +187,7 @@ def _new_parser() -> argparse.ArgumentParser:
     about = ("Scaffold a notebook from templates/notebook.ipynb, list it in its unit's unit.toml "
              "(with quick-profile values) and export its module.")
     p = argparse.ArgumentParser(prog="course new", description=about)
-    p.add_argument("notebook", help="NN_name, e.g. 14_guidance (unit N's notebooks are N0..N9)")
+    p.add_argument("notebook", help="NN_name, e.g. 18_guidance (unit N's notebooks are N0..N9)")
     p.add_argument("--unit", required=True, help="unit number, slug or folder name")
     p.add_argument("--title", default=None, help="the notebook's title (default: from its name)")
     p.add_argument("--module", default=None, help="module it exports to, course_lib/MODULE.py "

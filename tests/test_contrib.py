@@ -102,7 +102,7 @@ def test_new_registers_in_a_unit_keeping_its_layout(small, capsys):
     (["first", "--unit", "0"], "bad notebook name"),
     (["04_First", "--unit", "0"], "bad notebook name"),
     (["../04_x", "--unit", "0"], "bad notebook name"),
-    (["14_x", "--unit", "0"], "does not fit unit 0"),
+    (["18_x", "--unit", "0"], "does not fit unit 0"),
     (["03_other", "--unit", "0"], "number 03 is taken"),
     (["06_x", "--unit", "0", "--module", "core"], "course_lib/core.py already exists"),
     (["06_x", "--unit", "0", "--module", "class"], "bad module name"),
