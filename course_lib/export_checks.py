@@ -29,7 +29,7 @@ def cuda_sync(device: torch.device) -> None:
 
 # %% ../nbs/56_export_checks.ipynb #683eb718
 def check_close(ref: torch.Tensor, out, what: str, atol: float) -> float:
-    """Largest absolute difference of `out` (a tensor or an array, e.g. onnxruntime's) from `ref`. Raises
+    """Largest absolute difference of `out` (tensor or array, e.g. onnxruntime's) from `ref`. Raises
     `RuntimeError` naming `what` when it exceeds `atol` (or is NaN). Returns the difference."""
     diff = (torch.as_tensor(np.asarray(out)).float() - ref.float()).abs().max().item()
     if not diff <= atol:
@@ -65,7 +65,7 @@ def onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int) -> bytes:
 
 def onnx_max_diff(model: nn.Module, sess, path, example: torch.Tensor,
                   check_batch_sizes: Sequence[int], atol: float) -> float:
-    """Largest absolute logit difference of the onnxruntime session `sess` from `model` on random batches
+    """Largest absolute logit gap of onnxruntime session `sess` from `model` on random batches
     of `check_batch_sizes`. Over `atol`: remove `path` and raise `RuntimeError` (`check_close`)."""
     diff = 0.0
     try:
