@@ -26,10 +26,13 @@ requirements = shlex.split(cfg.get('requirements', ''))
 if cfg.get('pip_requirements'): requirements += shlex.split(cfg.get('pip_requirements', ''))
 min_python = cfg['min_python']
 lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
-# extras: [course] runs and freezes notebooks, [site] builds the website, [dev] = both + the test tools
+# extras: [course] runs and freezes notebooks, [site] builds the website, [studio] the LoRA studio web app,
+# [pile] cleans the Pile with datatrove, [dev] = all four + the test tools
 course_requirements = shlex.split(cfg.get('course_requirements', ''))
 site_requirements = shlex.split(cfg.get('site_requirements', ''))
-dev_requirements = list(dict.fromkeys(course_requirements + site_requirements
+studio_requirements = shlex.split(cfg.get('studio_requirements', ''))
+pile_requirements = shlex.split(cfg.get('pile_requirements', ''))
+dev_requirements = list(dict.fromkeys(course_requirements + site_requirements + studio_requirements + pile_requirements
                                       + shlex.split(cfg.get('dev_requirements', ''))))
 
 setuptools.setup(
@@ -44,7 +47,9 @@ setuptools.setup(
     packages = setuptools.find_packages(),
     include_package_data = True,
     install_requires = requirements,
-    extras_require={'course': course_requirements, 'site': site_requirements, 'dev': dev_requirements},
+    extras_require={'course': course_requirements, 'site': site_requirements,
+                    'studio': studio_requirements, 'pile': pile_requirements,
+                    'dev': dev_requirements},
     dependency_links = cfg.get('dep_links','').split(),
     python_requires  = '>=' + cfg['min_python'],
     long_description = open('README.md', encoding='utf-8').read(),

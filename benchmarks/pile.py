@@ -9,6 +9,10 @@
      and orjson): the most one thread that parses can reach, whatever overlaps with it,
    - `course_lib.jsonl_zst.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
    - `lm_dataformat.Reader.stream_data` (the Pile's own reader), and a naive orjson line loop.
+   - the reader's own line splitting and parsing over the same lines in memory (4 MB pieces, no decompression),
+     and msgspec's `Decoder.decode_lines` over those pieces (splitting in C, but without the reader's line numbers);
+   each also as main-thread CPU time (what the parsing thread itself spent, which a shared machine does not
+   inflate), and the bounds that CPU times put on one thread, and on a decompressing thread beside the parsing one.
 2. The same data in several shards of equal size, read by `course pile stats --processes N` (in this process, so
    `pile_main` with the pool it starts): scaling, against one process reading them one after another; and, for
    reference, the machine's own scaling on the same shards (N processes decompressing into nothing).
@@ -22,7 +26,7 @@ import zstandard
 
 from course_lib.jsonl_zst import read_jsonl_zst, write_jsonl_zst, ReadStats
 from course_lib.pile_command import mini_pile_records, format_table, pile_main, _stats_one
-from course_lib.jsonl_zst import _loads
+from course_lib.jsonl_zst import _loads, _records
 
 
 def code_records(max_bytes: int):
@@ -48,6 +52,18 @@ def best(fn, repeat):
     for _ in range(repeat):
         t0 = time.perf_counter(); out = fn(); times.append(time.perf_counter() - t0)
     return min(times), out
+
+
+def best_cpu(fn, repeat):
+    """`(wall, main-thread CPU, process CPU, out)`, each the least of `repeat` runs. The main thread's CPU time is
+    what the parsing thread spent working, whatever the other processes on a shared machine take from it."""
+    walls, mains, procs = [], [], []
+    for _ in range(repeat):
+        w, m, c = time.perf_counter(), time.thread_time(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - w); mains.append(time.thread_time() - m)
+        procs.append(time.process_time() - c)
+    return min(walls), min(mains), min(procs), out
 
 
 def plain(path):
@@ -91,6 +107,32 @@ def parse_only(lines, loads):
     return len(lines)
 
 
+def in_memory_pieces(lines, size=4 << 20):
+    "The same lines joined into pieces of about `size` bytes, as the reader's decompressor hands them over."
+    pieces, cur, n = [], [], 0
+    for l in lines:
+        cur.append(l + b"\n"); n += len(l) + 1
+        if n >= size: pieces.append(bytearray(b"".join(cur))); cur, n = [], 0
+    if cur: pieces.append(bytearray(b"".join(cur)))
+    return [(p, len(p)) for p in pieces]
+
+
+def decode_lines(pieces):
+    "msgspec's own JSON-lines decoder over the same pieces: splitting and parsing in C, no line numbers, no checks."
+    import msgspec
+    dec, n = msgspec.json.Decoder(), 0
+    for buf, size in pieces:
+        with memoryview(buf) as v: n += len(dec.decode_lines(v[:size]))
+    return n
+
+
+def split_and_parse(pieces):
+    "The reader's own line splitting and parsing (`_records`) over in-memory pieces: no decompression."
+    st = ReadStats()
+    for _ in _records(iter(pieces), st, True): pass
+    return st.records
+
+
 def stats_cli(shards, processes):
     "`course pile stats SHARD... --json --processes N`; returns the documents counted."
     out = io.StringIO()
@@ -124,9 +166,12 @@ def main(argv=None):
               f"compressed (zstd 3), written in {time.perf_counter()-t0:.1f} s; cpu cores: {os.cpu_count()}")
         rows, base = [], None
         lines = in_memory_lines(d / "big.jsonl.zst")
+        pieces = in_memory_pieces(lines)
         import orjson
         cases = [("plain zstd decompression (no parsing)", lambda: plain(d / "big.jsonl.zst")),
                  ("parse only: msgspec on in-memory lines", lambda: parse_only(lines, _loads)),
+                 ("reader's splitting + parsing of in-memory 4 MB pieces", lambda: split_and_parse(pieces)),
+                 ("msgspec decode_lines of the same pieces (no per-line checks)", lambda: decode_lines(pieces)),
                  ("parse only: orjson on in-memory lines", lambda: parse_only(lines, orjson.loads)),
                  ("read_jsonl_zst (threaded, msgspec)", lambda: ours(d / "big.jsonl.zst", True)),
                  ("read_jsonl_zst (one thread)", lambda: ours(d / "big.jsonl.zst", False)),
@@ -135,18 +180,29 @@ def main(argv=None):
             import lm_dataformat  # noqa: F401
             cases.append(("lm_dataformat.Reader", lambda: lmd(d / "big.jsonl.zst")))
         except ImportError: print("lm_dataformat not installed: pip install lm_dataformat")
-        res = {}
+        res, cpu, proc = {}, {}, {}
+        load0 = os.getloadavg()[0]
         for name, fn in cases:
-            t, out = best(fn, a.repeat)
-            res[name] = size / 1e6 / t
+            t, tm, tp, out = best_cpu(fn, a.repeat)
+            res[name], cpu[name], proc[name] = size / 1e6 / t, size / 1e6 / tm, size / 1e6 / tp
             if not name.startswith("plain"): assert out == n_rec, (name, out)
-        del lines
+        del lines, pieces
         base, bound = res[cases[0][0]], res[cases[1][0]]
+        cbound = cpu[cases[1][0]]
         ref = res.get("lm_dataformat.Reader")
         for name, mbs in res.items():
             rows.append({"reader": name, "MB/s": mbs, "x plain": mbs / base, "x parse-only": mbs / bound,
-                         "x lm_dataformat": mbs / ref if ref else float("nan")})
-        print("\n1. one file, records fully parsed"); print(format_table(rows))
+                         "x lm_dataformat": mbs / ref if ref else float("nan"),
+                         "main-thread CPU MB/s": cpu[name], "x parse-only CPU": cpu[name] / cbound,
+                         "process CPU MB/s": proc[name]})
+        print(f"\n1. one file, records fully parsed (load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after, "
+              f"on {os.cpu_count()} cores)"); print(format_table(rows))
+        # what one thread, and a decompressing thread beside a parsing one, can reach at most (CPU seconds a MB:
+        # load-independent): one thread does both jobs one after the other; two overlap them at best
+        dc, pc = 1 / proc[cases[0][0]], 1 / cbound
+        print(f"   bounds from CPU time: one thread decompressing then parsing <= {1 / (dc + pc):.0f} MB/s = "
+              f"{pc / (dc + pc):.2f}x parse-only; a decompressing thread beside the parsing one <= "
+              f"{min(1 / dc, 1 / pc):.0f} MB/s = {min(1 / dc, 1 / pc) / cbound:.2f}x parse-only (with a free core for it)")
 
         # 2. shards x processes: shards of equal uncompressed size (equal record counts gave shards 23-41 MB, and the
         # slowest process decided), read by the command line's code

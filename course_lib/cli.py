@@ -105,6 +105,8 @@ PLUGINS = {
             "bits per byte of a language model on .jsonl.zst files (unit 6)"),
     "lora": ("course_lib.lora_command", "lora_main",
              "train, inspect and use LoRA adapters (unit 4)"),
+    "studio": ("course_lib.studio", "studio_main",
+               "the LoRA studio web app (units 4 and 7; pip install \"course_lib[studio]\")"),
     "new": ("course_lib.contrib", "new_main", "scaffold a notebook from the template into a unit"),
     "site": ("course_lib.site", "site_main", "build the course website from executed notebooks"),
 }

@@ -16,9 +16,10 @@ __all__ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exer
            'check_trainable_share', 'check_freeze_except_lora', 'check_lora_blend', 'check_lora_unmerge',
            'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups', 'check_ncm_predict', 'check_tta_probs',
            'check_quantize_int8', 'check_split_by_subset', 'check_subset_bytes', 'check_bpb', 'check_zlib_bpb',
-           'check_bpb_per_subset', 'check_gpt2_params', 'check_cfg_combine', 'check_drop_labels', 'check_flow_target',
-           'check_flow_euler_step', 'check_flux_pack_latents', 'check_digit_slant', 'check_flux_lora_update',
-           'check_svd_rank']
+           'check_bpb_per_subset', 'check_gpt2_params', 'check_shingle_jaccard', 'check_lsh_probability',
+           'check_cfg_combine', 'check_drop_labels', 'check_flow_target', 'check_flow_euler_step',
+           'check_flux_pack_latents', 'check_digit_slant', 'check_flux_lora_update', 'check_svd_rank',
+           'check_peft_targets']
 
 # %% ../nbs/04_exercises.ipynb #c1547151
 from .exercises_core import (
@@ -44,11 +45,12 @@ from .exercises_finetune import (
     check_ncm_predict, check_quantize_int8, check_trainable_share, check_tta_probs)
 from .exercises_pile import (
     check_bpb, check_bpb_per_subset,
-    check_gpt2_params, check_split_by_subset, check_subset_bytes, check_zlib_bpb)
+    check_gpt2_params, check_split_by_subset, check_subset_bytes, check_zlib_bpb,
+    check_shingle_jaccard, check_lsh_probability)
 from .exercises_flow import (
     check_cfg_combine, check_drop_labels, check_flow_euler_step, check_flow_target,
     check_flux_lora_update, check_svd_rank)
-from .flux_parts import check_digit_slant, check_flux_pack_latents
+from .flux_parts import check_digit_slant, check_flux_pack_latents, check_peft_targets
 
 # %% ../nbs/04_exercises.ipynb #102a2a10
 _all_ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exercises', 'solutions',
@@ -67,9 +69,10 @@ _all_ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exerci
          'check_lora_unmerge', 'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups',
          'check_ncm_predict', 'check_tta_probs', 'check_quantize_int8', 'check_split_by_subset',
          'check_subset_bytes', 'check_bpb', 'check_zlib_bpb', 'check_bpb_per_subset',
-         'check_gpt2_params', 'check_cfg_combine', 'check_drop_labels', 'check_flow_target',
+         'check_gpt2_params', 'check_shingle_jaccard', 'check_lsh_probability',
+         'check_cfg_combine', 'check_drop_labels', 'check_flow_target',
          'check_flow_euler_step', 'check_flux_pack_latents', 'check_digit_slant',
-         'check_flux_lora_update', 'check_svd_rank']
+         'check_flux_lora_update', 'check_svd_rank', 'check_peft_targets']
 
 # %% ../nbs/04_exercises.ipynb #567fcab3
 def __getattr__(name: str):

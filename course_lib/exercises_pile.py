@@ -13,7 +13,7 @@ from .exercises_core import (
 
 # %% auto #0
 __all__ = ['check_split_by_subset', 'check_subset_bytes', 'check_bpb', 'check_zlib_bpb', 'check_bpb_per_subset',
-           'check_gpt2_params']
+           'check_gpt2_params', 'check_shingle_jaccard', 'check_lsh_probability']
 
 # %% ../nbs/98_exercises_pile.ipynb #b3dcc0c7
 _RECORDS = [{"text": "def f(x):\n    return x", "meta": {"pile_set_name": "Github"}},
@@ -165,3 +165,72 @@ def check_gpt2_params(fn: Callable) -> CheckResult:
                 "forgetting the biases and LayerNorms (12 d^2 per block only)":
                     lambda v, p, d, n: v * d + p * d + n * 12 * d * d}
     return check(fn, _ref_gpt2_params, cases, "count each Linear as in x out + out", mistakes)
+
+# %% ../nbs/98_exercises_pile.ipynb #7c91795b
+def _words_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    "The set of word n-grams of `text` split on whitespace (all its words as one if fewer than n)."
+    w = text.split()
+    return {tuple(w[i:i + n]) for i in range(max(1, len(w) - n + 1))} if w else set()
+
+
+@register_solution
+def _ref_shingle_jaccard(a, b, n):
+    """Jaccard similarity |A & B| / |A | B| of the SETS of word n-grams of texts `a` and `b`
+    (words: `text.split()`, and a text of fewer than n words is one n-gram of all its words), 0.0
+    when both are empty."""
+    A, B = _words_ngrams(a, n), _words_ngrams(b, n)
+    return len(A & B) / len(A | B) if A | B else 0.0
+
+
+# %% ../nbs/98_exercises_pile.ipynb #8f22bb97
+def check_shingle_jaccard(fn: Callable) -> CheckResult:
+    "Exercise: `fn(a, b, n)` -> the Jaccard similarity of the sets of word n-grams of two texts."
+    base = ("the licensee may copy and distribute the work in any medium provided that notice "
+            "is kept")
+    cases = [("near copies", (base, base.replace("any medium", "every medium"), 3)),
+             ("a repeated n-gram", ("to be or not to be or not to be", "to be or not", 2)),
+             ("a text shorter than n words", ("short text", "short text here", 5))]
+
+    def lists(a, b, n):
+        A = [tuple(a.split()[i:i + n]) for i in range(max(1, len(a.split()) - n + 1))]
+        B = [tuple(b.split()[i:i + n]) for i in range(max(1, len(b.split()) - n + 1))]
+        common = sum(min(A.count(g), B.count(g)) for g in set(A))
+        return common / (len(A) + len(B) - common)
+
+    def smaller(a, b, n):
+        A, B = _words_ngrams(a, n), _words_ngrams(b, n)
+        return len(A & B) / min(len(A), len(B))
+
+    def chars(a, b, n):
+        A = {a[i:i + n] for i in range(max(1, len(a) - n + 1))}
+        B = {b[i:i + n] for i in range(max(1, len(b) - n + 1))}
+        return len(A & B) / len(A | B)
+    mistakes = {"counting repeated n-grams twice (lists, not sets)": lists,
+                "dividing by the smaller set (the overlap coefficient, not Jaccard)": smaller,
+                "n-grams of characters, not of words": chars}
+    return check(fn, _ref_shingle_jaccard, cases,
+                 "set(...) of the n-grams of each text, then |A & B| / |A | B|", mistakes)
+
+# %% ../nbs/98_exercises_pile.ipynb #751a91bf
+@register_solution
+def _ref_lsh_probability(s, bands, rows):
+    """P(candidate pair) of locality-sensitive hashing with `bands` bands of `rows` MinHash rows for
+    two documents of Jaccard similarity `s`: a band matches with probability s^rows, so at least one
+    of the bands does with 1 - (1 - s^rows)^bands (Leskovec, Rajaraman, Ullman, MMDS, 3.4.2)."""
+    return 1 - (1 - s ** rows) ** bands
+
+
+def check_lsh_probability(fn: Callable) -> CheckResult:
+    "Exercise: `fn(s, bands, rows)` -> the probability that LSH makes two documents candidates."
+    cases = [("datatrove's 14 x 8 at s = 0.8", (0.8, 14, 8)),
+             ("many short bands", (0.5, 20, 5)),
+             ("identical documents", (1.0, 14, 8)),
+             ("disjoint documents", (0.0, 14, 8))]
+    mistakes = {"swapping bands and rows": lambda s, b, r: 1 - (1 - s ** b) ** r,
+                "the probability that every band matches, not at least one":
+                    lambda s, b, r: (s ** r) ** b,
+                "the probability that no band matches (1 minus the answer)":
+                    lambda s, b, r: (1 - s ** r) ** b}
+    return check(fn, _ref_lsh_probability, cases,
+                 "a band matches with s**rows; at least one of them: 1 - (1 - s**rows)**bands",
+                 mistakes)

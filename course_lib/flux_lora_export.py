@@ -14,7 +14,7 @@ from .core import atomic_write
 
 
 # %% auto #0
-__all__ = ['lora_state', 'reduce_rank', 'save_flux_lora', 'check_flux_lora', 'load_flux_lora']
+__all__ = ['lora_state', 'reduce_rank', 'layer_scales', 'reduced_config', 'save_flux_lora', 'check_flux_lora', 'load_flux_lora']
 
 # %% ../nbs/76_flux_lora_export.ipynb #df5ec48e
 def lora_state(pipe, adapter_name: str = "default") -> dict[str, dict[str, torch.Tensor]]:
@@ -57,13 +57,13 @@ def reduce_rank(sd: dict[str, torch.Tensor], scale: float | dict[str, float],
     return out
 
 # %% ../nbs/76_flux_lora_export.ipynb #18525869
-def _layer_scales(model: nn.Module, adapter_name: str) -> dict[str, float]:
+def layer_scales(model: nn.Module, adapter_name: str) -> dict[str, float]:
     "Each LoRA layer's scale as peft resolved it (rsLoRA, rank_pattern, alpha_pattern), by name."
     from peft.tuners.lora import LoraLayer
     return {n: float(m.scaling[adapter_name]) for n, m in model.named_modules()
             if isinstance(m, LoraLayer) and adapter_name in m.scaling}
 
-def _reduced_meta(meta: dict, sd: dict[str, torch.Tensor], rank: int) -> dict:
+def reduced_config(meta: dict, sd: dict[str, torch.Tensor], rank: int) -> dict:
     "peft config of the reduced pairs `sd`: scale 1 everywhere, lower-rank layers by full name."
     low = {k[:-len(".lora_A.weight")]: v.shape[0] for k, v in sd.items()
            if k.endswith(".lora_A.weight") and v.shape[0] != rank}
@@ -76,8 +76,8 @@ def _export_parts(pipe, adapter_name, dtype, rank):
         model = getattr(pipe, part)
         meta = model.peft_config[adapter_name].to_dict()
         if rank is not None:
-            sd = reduce_rank(sd, _layer_scales(model, adapter_name), rank)
-            meta = _reduced_meta(meta, sd, rank)
+            sd = reduce_rank(sd, layer_scales(model, adapter_name), rank)
+            meta = reduced_config(meta, sd, rank)
         layers[part] = {k: v.detach().to("cpu", dtype or torch.float32).contiguous()
                         for k, v in sd.items()}
         metas[part] = {k: (sorted(v) if isinstance(v, set) else v) for k, v in meta.items()}

@@ -25,7 +25,7 @@ from .lora_data import fit_image
 
 # %% auto #0
 __all__ = ['PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder', 'FluxLoRARun', 'train_flux_lora',
-           'flux_generate']
+           'cached_flux_lora', 'flux_generate']
 
 # %% ../nbs/77_flux_lora_train.ipynb #df05bead
 @dataclass
@@ -286,6 +286,35 @@ def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | No
             _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, run.history, run.seconds)
         if run.stopped: break
     bar.close()
+    return run
+
+# %% ../nbs/77_flux_lora_train.ipynb #c8ef317d
+def cached_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig,
+                     reg_folder: str | os.PathLike | None = None, about: dict | None = None,
+                     progress: bool = True) -> FluxLoRARun:
+    """`train_flux_lora(pipe, folder, config, run_dir, reg_folder=reg_folder)` (`pipe` adapted in
+    place) with `run_dir` in the course cache under a key of `config`, the fingerprint of
+    `pipe.transformer` and `about` (what else made the data, e.g. the image counts): a finished run
+    loads, an interrupted one resumes. Prints which. A run that trains prints its seconds per step
+    measured from its second step to its fourth (the first pays for warm-up) and the estimate."""
+    from course_lib.cache import cache_key, cached, code_fingerprint
+    from course_lib.core import cache_dir
+    from course_lib.lora_files import base_fingerprint
+    about = {**config.to_dict(), "base": base_fingerprint(pipe.transformer), **(about or {})}
+    key = cache_key("flux_lora", about)
+    run_dir = cache_dir("flux_lora", key, create=False)
+    how = f"delete {run_dir} and run this cell again"
+    with cached(run_dir, key, code_fingerprint(train_flux_lora), how=how) as hit:
+        print(f"FLUX LoRA {key}: " + ("cached, loading its last checkpoint" if hit else
+              f"not cached, training {config.steps} steps (a progress bar follows)"))
+        def timer(row):
+            if row["step"] == 1: timer.t1 = row["seconds"]
+            if row["step"] == 4 and hasattr(timer, "t1"):
+                s = (row["seconds"] - timer.t1) / 3
+                print(f"measured {s:.3f} s/step here: about {s * config.steps / 60:.1f} min "
+                      f"for {config.steps} steps")
+        run = train_flux_lora(pipe, folder, config, run_dir=run_dir, reg_folder=reg_folder,
+                              callback=None if hit else timer, progress=progress)
     return run
 
 # %% ../nbs/77_flux_lora_train.ipynb #1741bd33

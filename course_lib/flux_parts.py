@@ -14,7 +14,7 @@ from .exercises_core import CheckResult, check, register_solution
 # %% auto #0
 __all__ = ['DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SPECIAL_TOKENS', 'TRIGGER_WORDS', 'VOCAB',
            'ink_mass', 'slant', 'property_thresholds', 'caption_digits', 'make_tokenizer', 'check_flux_pack_latents',
-           'check_digit_slant']
+           'check_digit_slant', 'check_peft_targets']
 
 # %% ../nbs/74_flux_parts.ipynb #fe9c9d11
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -172,3 +172,30 @@ def _mu(x, p, q):
     dr = r - ((x * r).sum((1, 2)) / m)[:, None, None]
     dc = c - ((x * c).sum((1, 2)) / m)[:, None, None]
     return (x * dc**p * dr**q).sum((1, 2)) / m
+
+# %% ../nbs/74_flux_parts.ipynb #709640bd
+@register_solution
+def _ref_peft_targets(names, targets):
+    "The module `names` a list of peft `targets` adapts: the whole name, or its last dotted parts."
+    return [n for n in names if any(n == t or n.endswith("." + t) for t in targets)]
+
+
+def check_peft_targets(fn) -> CheckResult:
+    "Exercise: `fn(names, targets)` -> the entries of `names` (in order) that peft would adapt."
+    blocks = ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_out.0",
+              "transformer_blocks.0.attn.add_q_proj", "transformer_blocks.0.ff.net.2",
+              "single_transformer_blocks.0.attn.to_q", "single_transformer_blocks.0.proj_out"]
+    fused = ["transformer_blocks.0.attn.to_qkv", "transformer_blocks.0.attn.to_q",
+             "transformer_blocks.0.attn.to_added_qkv"]
+    cases = [("FLUX's attention targets", (blocks, ["to_q", "to_out.0", "add_q_proj"])),
+             ("a fused projection (to_qkv is not to_q)", (fused, ["to_q"])),
+             ("a target that matches nothing", (blocks, ["to_k"]))]
+    mistakes = {"matching a substring ('to_q' in name also takes to_qkv)":
+                    lambda ns, ts: [n for n in ns if any(t in n for t in ts)],
+                "comparing the last dotted part only (to_out.0 ends in '0')":
+                    lambda ns, ts: [n for n in ns if n.split(".")[-1] in ts],
+                "leaving out the single-stream blocks":
+                    lambda ns, ts: [n for n in _ref_peft_targets(ns, ts)
+                                    if not n.startswith("single_")]}
+    return check(fn, _ref_peft_targets, cases,
+                 "keep n when n == t or n ends with '.' + t for some target t", mistakes)

@@ -13,7 +13,7 @@ import torch.nn as nn
 from .lora_checks import check_rank_alpha
 
 # %% auto #0
-__all__ = ['LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'lora_param_count', 'LORA_TARGETS', 'add_lora', 'adapter_names', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter']
+__all__ = ['LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'lora_param_count', 'adapter_names', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter', 'LORA_TARGETS', 'add_lora']
 
 # %% ../nbs/40_lora_from_scratch.ipynb #c0cc3889
 class LoRALayerBase(nn.Module):
@@ -176,37 +176,6 @@ def lora_param_count(model: nn.Module, target_modules: Sequence[str], rank: int)
             n += rank * (m.in_channels * math.prod(m.kernel_size) + m.out_channels)
     return n
 
-# %% ../nbs/42_lora_training.ipynb #fcf264a5
-from .lora_checks import check_adapter_args, check_target_modules
-
-LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "time_emb_proj")
-
-def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
-             target_modules: str | Sequence[str] = LORA_TARGETS, adapter_name: str = "default",
-             dropout: float = 0.0, use_rslora: bool = False, rank_pattern: dict | None = None,
-             alpha_pattern: dict | None = None) -> nn.Module:
-    """Inject a `peft` LoRA adapter `adapter_name` (rank `rank`, `lora_alpha=alpha`, default `rank`)
-    into `unet`'s `target_modules` (see `check_target_modules`) in place, freeze every other
-    parameter, and return `unet`. `use_rslora` (scale alpha / sqrt(rank)), `rank_pattern`,
-    `alpha_pattern`: as in peft's `LoraConfig`. The new layers follow the mode of the layer they
-    wrap (an eval model's dropout stays off). Several adapters can live in one model (see
-    `course_lib.lora_io`). Raises `ValueError` for a bad rank, alpha or adapter name, and when a
-    target matches no module."""
-    from peft import LoraConfig
-    from peft.functional import inject_adapter_in_model
-    from peft.tuners.lora import LoraLayer
-    alpha = check_adapter_args(unet, rank, alpha, adapter_name)
-    targets = check_target_modules(unet, target_modules)
-    cfg = LoraConfig(r=rank, lora_alpha=alpha,
-                     target_modules=targets if isinstance(targets, str) else list(targets),
-                     lora_dropout=dropout, init_lora_weights=True, use_rslora=use_rslora,
-                     rank_pattern=dict(rank_pattern or {}), alpha_pattern=dict(alpha_pattern or {}))
-    inject_adapter_in_model(cfg, unet, adapter_name=adapter_name)
-    for m in unet.modules():
-        if isinstance(m, LoraLayer): m.train(m.get_base_layer().training)
-    for n, p in unet.named_parameters(): p.requires_grad_(f".{adapter_name}." in n and "lora_" in n)
-    return unet
-
 # %% ../nbs/43_lora_export.ipynb #defdda00
 def adapter_names(unet: nn.Module) -> list[str]:
     """The names of the LoRA adapters injected into `unet`, in order of injection (adapters may sit
@@ -279,4 +248,35 @@ def remove_adapter(unet: nn.Module, name: str) -> nn.Module:
     unmerge_adapters(unet)
     delete_adapter(unet, name, prefix="lora_")
     unet.peft_config.pop(name, None)
+    return unet
+
+# %% ../nbs/45_lora_checks.ipynb #f5ff291a
+from .lora_checks import check_adapter_args, check_target_modules
+
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "time_emb_proj")
+
+def add_lora(unet: nn.Module, rank: int = 8, alpha: float | None = None,
+             target_modules: str | Sequence[str] = LORA_TARGETS, adapter_name: str = "default",
+             dropout: float = 0.0, use_rslora: bool = False, rank_pattern: dict | None = None,
+             alpha_pattern: dict | None = None) -> nn.Module:
+    """Inject a `peft` LoRA adapter `adapter_name` (rank `rank`, `lora_alpha=alpha`, default `rank`)
+    into `unet`'s `target_modules` (see `check_target_modules`) in place, freeze every other
+    parameter, and return `unet`. `use_rslora` (scale alpha / sqrt(rank)), `rank_pattern`,
+    `alpha_pattern`: as in peft's `LoraConfig`. The new layers follow the mode of the layer they
+    wrap (an eval model's dropout stays off). Several adapters can live in one model (see
+    `course_lib.lora_io`). Raises `ValueError` for a bad rank, alpha or adapter name, and when a
+    target matches no module."""
+    from peft import LoraConfig
+    from peft.functional import inject_adapter_in_model
+    from peft.tuners.lora import LoraLayer
+    alpha = check_adapter_args(unet, rank, alpha, adapter_name)
+    targets = check_target_modules(unet, target_modules)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha,
+                     target_modules=targets if isinstance(targets, str) else list(targets),
+                     lora_dropout=dropout, init_lora_weights=True, use_rslora=use_rslora,
+                     rank_pattern=dict(rank_pattern or {}), alpha_pattern=dict(alpha_pattern or {}))
+    inject_adapter_in_model(cfg, unet, adapter_name=adapter_name)
+    for m in unet.modules():
+        if isinstance(m, LoraLayer): m.train(m.get_base_layer().training)
+    for n, p in unet.named_parameters(): p.requires_grad_(f".{adapter_name}." in n and "lora_" in n)
     return unet

@@ -19,8 +19,8 @@ from .ddpm import DDPMConfig, load_pretrained_ddpm, make_scheduler, sample
 
 # %% auto #0
 __all__ = ['CONCEPT_DIGIT', 'TRIGGER', 'BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WORDS', 'BASE_RECIPE', 'base_config', 'load_base',
-           'encode_prompt', 'generate', 'check_captions', 'names_trigger', 'write_concept_folder', 'write_style_folder',
-           'filename_captioner', 'read_captions', 'Augment', 'BucketBatchSampler']
+           'encode_prompt', 'generate', 'check_captions', 'names_trigger', 'concept_labels', 'write_concept_folder',
+           'write_style_folder', 'filename_captioner', 'read_captions', 'Augment', 'BucketBatchSampler']
 
 # %% ../nbs/44_lora_base.ipynb #5a7526bd
 CONCEPT_DIGIT = 9      # the class slot the trigger selects: the concept (real nines)
@@ -115,6 +115,20 @@ def names_trigger(caption: str, trigger: str = TRIGGER) -> bool:
     "True when `caption` selects the trigger's class (`encode_prompt`), False otherwise."
     try: return encode_prompt(caption, trigger) == CONCEPT_DIGIT
     except ValueError: return False
+
+# %% ../nbs/44_lora_base.ipynb #8ee766db
+def concept_labels(dataset, dcfg: DDPMConfig, trigger: str = TRIGGER) -> torch.Tensor:
+    """The class labels `(N,)` int64 of `dataset`'s captions, read by `encode_prompt` (`dataset`: a
+    `ConceptDataset` of lesson 41), after checking that its images have `dcfg`'s channels and size
+    and that every caption names the trigger or a digit the base knows (`check_captions`). Raises
+    `ValueError` naming the sizes or the captions."""
+    if dataset.size != dcfg.image_size or dataset.channels != dcfg.channels:
+        raise ValueError(f"dataset images are {dataset.channels}x{dataset.size}x{dataset.size} but "
+                         f"the model wants {dcfg.channels}x{dcfg.image_size}x{dcfg.image_size}: "
+                         f"use ConceptDataset(size={dcfg.image_size})")
+    check_captions(dataset.captions, dataset.caption_sources, dataset.files, trigger,
+                   dataset.caption_ext, require_trigger=False)
+    return torch.tensor([encode_prompt(c, trigger) for c in dataset.captions])
 
 # %% ../nbs/44_lora_base.ipynb #ae7ee3c3
 def write_concept_folder(folder: str | os.PathLike, n: int = 40, digit: int = CONCEPT_DIGIT,

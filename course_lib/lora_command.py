@@ -4,25 +4,30 @@
 
 # %% ../nbs/49_lora_command.ipynb #ce89e4e8
 from __future__ import annotations
-import copy, json, math, os, re
+import copy, json, math, os, re, time
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
-from .core import cache_dir
-from .lora import set_adapters
-from .lora_base import (TRIGGER, base_config, check_captions, generate, load_base,
+from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
+from .lora import add_lora, set_adapters
+from .lora_base import (TRIGGER, base_config, check_captions, encode_prompt, generate,
+                                  load_base,
                                   names_trigger, read_captions, write_concept_folder,
                                   write_style_folder)
 from .lora_checks import usable_images
 from .lora_data import ConceptDataset
 from .lora_files import base_fingerprint
 from .lora_io import load_adapter, read_adapter, save_adapter
-from .lora_train import LoRATrainConfig, train_lora
+from .lora_train import (LoRATrainConfig, diffusion_loss, prior_set, train_lora,
+                                   train_step)
 
 # %% auto #0
-__all__ = ['check_lora_folder', 'parse_adapter_spec', 'train_adapter', 'adapter_path', 'adapter_is_cached',
-           'load_or_train_adapter', 'lora_main']
+__all__ = ['LORA_PRESET_FORMAT', 'check_lora_folder', 'parse_adapter_spec', 'train_adapter', 'adapter_path', 'adapter_is_cached',
+           'load_or_train_adapter', 'save_lora_preset', 'lora_config_from_dict', 'load_lora_preset', 'LoRARun',
+           'train_lora_run', 'lora_main']
 
 # %% ../nbs/49_lora_command.ipynb #9dfc4cba
 def check_lora_folder(folder: str | os.PathLike, trigger: str = TRIGGER, size: int = 1,
@@ -107,6 +112,151 @@ def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | 
                 train_adapter(base, data, path, cfg, trigger=trigger, progress=progress)
             finally: _sh.rmtree(tmp, ignore_errors=True)
     return path
+
+# %% ../nbs/49_lora_command.ipynb #d9dab30e
+LORA_PRESET_FORMAT = "course_lib.lora.preset/1"
+
+def save_lora_preset(config: LoRATrainConfig, path: str | os.PathLike, **extra) -> Path:
+    "Write `config` (and `extra` JSON keys) to `path` as JSON, atomically. Returns the path."
+    from course_lib.core import atomic_write
+    data = {"format": LORA_PRESET_FORMAT, **extra, **config.to_dict()}
+    data["target_modules"] = (data["target_modules"] if isinstance(data["target_modules"], str)
+                              else list(data["target_modules"]))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "w") as f: f.write(json.dumps(data, indent=1) + "\n")
+    return Path(path)
+
+def lora_config_from_dict(d: dict, source: str = "settings",
+                          extra: tuple = ()) -> LoRATrainConfig:
+    """A `LoRATrainConfig` from `d`: a key it does not have (other than 'format' and `extra`) is a
+    `ValueError` naming the key, the closest known key and `source`."""
+    import difflib
+    from dataclasses import fields
+    known = [f.name for f in fields(LoRATrainConfig)]
+    for k in d:
+        if k not in known and k not in ("format", *extra):
+            close = difflib.get_close_matches(k, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown preset key {k!r} in {source}{hint}. Known keys: {known}")
+    return LoRATrainConfig(**{k: v for k, v in d.items() if k in known})
+
+def load_lora_preset(path: str | os.PathLike, extra: tuple = ()) -> LoRATrainConfig:
+    "The settings `save_lora_preset` wrote (errors name the file and the key)."
+    path = Path(path)
+    if not path.is_file(): raise FileNotFoundError(f"no preset file at {path}")
+    try: d = json.loads(path.read_text())
+    except json.JSONDecodeError as e: raise ValueError(f"{path} is not a JSON preset: {e}") from e
+    if d.get("format", LORA_PRESET_FORMAT) != LORA_PRESET_FORMAT:
+        raise ValueError(f"{path}: format {d['format']!r}, expected {LORA_PRESET_FORMAT!r}")
+    return lora_config_from_dict(d, str(path), extra)
+
+
+# %% ../nbs/49_lora_command.ipynb #389ed214
+@dataclass
+class LoRARun:
+    "What `train_lora_run` returns: the adapted copy of the base, and where the run stands."
+    model: nn.Module
+    config: LoRATrainConfig
+    history: list
+    step: int
+    stopped: bool
+    seconds: float
+    run_dir: Path
+
+_LORA_FIXED = ("rank", "alpha", "target_modules", "adapter_name", "trigger", "full_finetune")
+
+def _lora_resume(model, opt, gen, cfg, ck: Path):
+    from peft.utils import set_peft_model_state_dict
+    state, meta = load_checkpoint(ck)
+    was = json.loads(meta["config"])
+    now = json.loads(json.dumps(cfg.to_dict()))
+    bad = [f"{k}={was.get(k)!r} (now {now[k]!r})" for k in _LORA_FIXED if was.get(k) != now[k]]
+    if bad: raise ValueError(f"checkpoint {ck} was trained with other settings: {', '.join(bad)}"
+                             ": use another run folder")
+    set_peft_model_state_dict(model, state["lora"], adapter_name=cfg.adapter_name)
+    opt.load_state_dict(state["optimizer"])
+    gen.set_state(state["generator"])
+    return int(state["step"]), list(state["history"]), float(state["seconds"])
+
+
+# %% ../nbs/49_lora_command.ipynb #ff0cc659
+def _lora_checkpoint(model, opt, gen, cfg, run_dir: Path, step, history, seconds):
+    from peft.utils import get_peft_model_state_dict
+    lora = {k: v.detach().cpu() for k, v in
+            get_peft_model_state_dict(model, adapter_name=cfg.adapter_name).items()}
+    state = {"lora": lora, "optimizer": opt.state_dict(), "generator": gen.get_state(),
+             "step": step, "history": history, "seconds": seconds}
+    save_checkpoint(run_dir/"checkpoint.safetensors", state,
+                    metadata={"config": json.dumps(cfg.to_dict()), "step": str(step)})
+
+def _lora_preview(model, cfg, run_dir: Path, step: int):
+    from course_lib.viz import save_image_grid
+    model.eval()
+    x = generate(model, f"a photo of {cfg.trigger} digit", n=8, seed=cfg.seed,
+                 num_inference_steps=20, trigger=cfg.trigger)
+    model.train()
+    (run_dir/"previews").mkdir(exist_ok=True)
+    save_image_grid(x, run_dir/"previews"/f"step_{step:06d}.png", upscale=4)
+    return x
+
+
+# %% ../nbs/49_lora_command.ipynb #1cf2f2e4
+def _lora_setup(base, folder, cfg, run_dir: Path, resume: bool):
+    "The data, prior set, adapted copy, optimizer and generator of a run, resumed when it can be."
+    dcfg = base.ddpm_config
+    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels)
+    labels = torch.tensor([encode_prompt(c, cfg.trigger) for c in ds.captions])
+    prior = prior_set(base, cfg.prior_images, seed=cfg.seed + 1) if cfg.prior_images else None
+    model = add_lora(copy.deepcopy(base), cfg.rank, cfg.alpha, cfg.target_modules,
+                     cfg.adapter_name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt, gen = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0), torch.Generator()
+    gen.manual_seed(cfg.seed)
+    ck = run_dir/"checkpoint.safetensors"
+    done = _lora_resume(model, opt, gen, cfg, ck) if resume and ck.is_file() else (0, [], 0.0)
+    save_lora_preset(cfg, run_dir/"preset.json")
+    return ds, labels, prior, model, params, opt, gen, done
+
+
+# %% ../nbs/49_lora_command.ipynb #77dd548d
+def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrainConfig | None,
+                   run_dir: str | os.PathLike, resume: bool = True, callback=None,
+                   stop_event=None, checkpoint_every: int = 25) -> LoRARun:
+    """Train an adapter on a copy of `base` on the images and captions of `folder`, in `run_dir`
+    (see above). `callback(row, preview)` after each step (`preview`: images or None),
+    `stop_event` set: checkpoint, write the adapter and return (`stopped=True`). A larger
+    `config.steps` continues a finished run. Raises `ValueError` for a checkpoint of other
+    settings, and what `ConceptDataset` and `encode_prompt` raise for unusable images or
+    captions."""
+    from functools import partial
+    from accelerate import Accelerator
+    cfg, dcfg, run_dir = config or LoRATrainConfig(), base.ddpm_config, Path(run_dir)
+    ds, labels, prior, model, params, opt, gen, (step, hist, secs) = _lora_setup(
+        base, folder, cfg, run_dir, resume)
+    acc = Accelerator(cpu=get_device().type == "cpu")
+    net, opt = acc.prepare(model, opt)
+    loss_on = partial(diffusion_loss, net, dcfg.schedule(), dcfg, gen=gen, device=acc.device)
+    net.train()
+    t0, stopped = time.perf_counter() - secs, False
+    for step in range(step + 1, cfg.steps + 1):
+        idx = torch.randint(0, len(ds), (cfg.batch_size,), generator=gen)
+        x0 = torch.stack([ds[int(i)]["x"] for i in idx])
+        loss, lc, lp = train_step(loss_on, (x0, labels[idx % len(ds.files)]), prior, cfg, acc,
+                                  opt, params, gen, step)
+        hist.append({"step": step, "loss": loss.item(), "concept_loss": lc.item(),
+                     "prior_loss": lp.item(), "seconds": round(time.perf_counter() - t0, 3)})
+        due = cfg.preview_every and (step % cfg.preview_every == 0 or step == cfg.steps)
+        preview = _lora_preview(model, cfg, run_dir, step) if due else None
+        if callback is not None: callback(hist[-1], preview)
+        stopped = stop_event is not None and stop_event.is_set() and step < cfg.steps
+        if step % checkpoint_every == 0 or step == cfg.steps or stopped:
+            _lora_checkpoint(model, opt, gen, cfg, run_dir, step, hist, time.perf_counter() - t0)
+        if stopped: break
+    model.eval()
+    save_adapter(model, run_dir/"adapter.safetensors", cfg.adapter_name, dcfg.key(), cfg.trigger,
+                 {**cfg.to_dict(), "steps_done": len(hist)}, ds.summary())
+    return LoRARun(model, cfg, hist, len(hist), stopped, time.perf_counter() - t0, run_dir)
+
 
 # %% ../nbs/49_lora_command.ipynb #9945dcaf
 def _lora_parser():

@@ -16,13 +16,40 @@ import torch.nn.functional as F
 from .core import grad_enabled, get_device
 from .ddpm import DDPMConfig, diffusion_target, make_scheduler, sample
 from .lora import LORA_TARGETS, add_lora
-from .lora_base import BASE_CLASSES, TRIGGER, check_captions, encode_prompt, generate
+from .lora_base import BASE_CLASSES, TRIGGER, concept_labels
 from .lora_checks import check_train_config
 from .lora_data import ConceptDataset
-from .lora_metrics import MetricsLog, PeakMemory, training_state_bytes
+from .lora_metrics import (MetricsLog, PeakMemory, TrainResult, preview_if_due,
+                                     train_result)
 
 # %% auto #0
-__all__ = ['LoRATrainConfig', 'TrainResult', 'prior_set', 'diffusion_loss', 'train_step', 'preview_if_due', 'train_lora']
+__all__ = ['diffusion_loss', 'prior_set', 'LoRATrainConfig', 'train_step', 'train_lora']
+
+# %% ../nbs/42_lora_training.ipynb #e446b47d
+def diffusion_loss(model: nn.Module, schedule, dcfg: DDPMConfig, x0: torch.Tensor, y: torch.Tensor,
+                   gen: torch.Generator, device) -> torch.Tensor:
+    """Unit 1's loss on a batch `x0` `(B, C, H, W)` in [-1, 1] with class labels `y` `(B,)`: MSE
+    between the model's output and `diffusion_target` for `dcfg.prediction_type`. `t` and `eps` are
+    drawn from `gen` on the CPU."""
+    t = torch.randint(0, dcfg.num_train_timesteps, (len(x0),), generator=gen)
+    eps = torch.randn(x0.shape, generator=gen)
+    xt = schedule.q_sample(x0, t, eps)                        # x_t = sqrt(ab) x0 + sqrt(1 - ab) eps
+    out = model(xt.to(device), t.to(device), class_labels=y.to(device)).sample
+    target = diffusion_target(schedule, x0, eps, t, dcfg.prediction_type)
+    return F.mse_loss(out.float(), target.to(device))
+
+# %% ../nbs/42_lora_training.ipynb #fc345517
+@torch.no_grad()
+def prior_set(base: nn.Module, n: int, classes: Sequence[int] = BASE_CLASSES, seed: int = 0,
+              num_inference_steps: int = 20,
+              sampler: str = "dpm++") -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` base-model samples `(n, C, H, W)` in [-1, 1] of `classes` (cycled) and their labels
+    `(n,)`: DreamBooth's class images, drawn with `make_scheduler(sampler)` (a poor sampler here
+    teaches the adapter poor digits)."""
+    y = torch.tensor([classes[i % len(classes)] for i in range(n)])
+    g = torch.Generator().manual_seed(seed)
+    scheduler = make_scheduler(sampler, base.ddpm_config)
+    return sample(base, scheduler, n, num_inference_steps, generator=g, class_labels=y)[1], y
 
 # %% ../nbs/42_lora_training.ipynb #b2fd4143
 @dataclass
@@ -53,49 +80,6 @@ class LoRATrainConfig:
     def __post_init__(self): check_train_config(self)
     def to_dict(self) -> dict: return asdict(self)
 
-# %% ../nbs/42_lora_training.ipynb #effdca50
-@dataclass
-class TrainResult:
-    """What `train_lora` returns: the per-step `history`, `previews` [(step, images)], whether it
-    was `stopped`, timings and sizes."""
-    history: list[dict]
-    previews: list[tuple[int, torch.Tensor]]
-    stopped: bool
-    seconds: float
-    s_per_step: float
-    trainable: int
-    total: int                      # parameters of the base model (LoRA weights not counted)
-    train_state_bytes: int          # trainable params + their grads + AdamW moments
-    peak_memory_bytes: int          # weights + peak tensor memory of the first step (`PeakMemory`;
-                                    # on a GPU the CUDA peak)
-    config: dict
-
-# %% ../nbs/42_lora_training.ipynb #fc345517
-@torch.no_grad()
-def prior_set(base: nn.Module, n: int, classes: Sequence[int] = BASE_CLASSES, seed: int = 0,
-              num_inference_steps: int = 20,
-              sampler: str = "dpm++") -> tuple[torch.Tensor, torch.Tensor]:
-    """`n` base-model samples `(n, C, H, W)` in [-1, 1] of `classes` (cycled) and their labels
-    `(n,)`: DreamBooth's class images, drawn with `make_scheduler(sampler)` (a poor sampler here
-    teaches the adapter poor digits)."""
-    y = torch.tensor([classes[i % len(classes)] for i in range(n)])
-    g = torch.Generator().manual_seed(seed)
-    scheduler = make_scheduler(sampler, base.ddpm_config)
-    return sample(base, scheduler, n, num_inference_steps, generator=g, class_labels=y)[1], y
-
-# %% ../nbs/42_lora_training.ipynb #e446b47d
-def diffusion_loss(model: nn.Module, schedule, dcfg: DDPMConfig, x0: torch.Tensor, y: torch.Tensor,
-                   gen: torch.Generator, device) -> torch.Tensor:
-    """Unit 1's loss on a batch `x0` `(B, C, H, W)` in [-1, 1] with class labels `y` `(B,)`: MSE
-    between the model's output and `diffusion_target` for `dcfg.prediction_type`. `t` and `eps` are
-    drawn from `gen` on the CPU."""
-    t = torch.randint(0, dcfg.num_train_timesteps, (len(x0),), generator=gen)
-    eps = torch.randn(x0.shape, generator=gen)
-    xt = schedule.q_sample(x0, t, eps)                        # x_t = sqrt(ab) x0 + sqrt(1 - ab) eps
-    out = model(xt.to(device), t.to(device), class_labels=y.to(device)).sample
-    target = diffusion_target(schedule, x0, eps, t, dcfg.prediction_type)
-    return F.mse_loss(out.float(), target.to(device))
-
 # %% ../nbs/42_lora_training.ipynb #dda5bdd4
 def train_step(loss_on: Callable, batch: tuple, prior, cfg: LoRATrainConfig, acc, opt, params,
                gen: torch.Generator, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,14 +104,7 @@ def train_step(loss_on: Callable, batch: tuple, prior, cfg: LoRATrainConfig, acc
 def _prepare(unet: nn.Module, dataset: ConceptDataset, cfg: LoRATrainConfig, prior):
     "Checks, prior set, adapter, optimizer, accelerate: `(acc, model, opt, params, prior, labels)`."
     from accelerate import Accelerator
-    dcfg: DDPMConfig = unet.ddpm_config
-    if dataset.size != dcfg.image_size or dataset.channels != dcfg.channels:
-        raise ValueError(f"dataset images are {dataset.channels}x{dataset.size}x{dataset.size} but "
-                         f"the model wants {dcfg.channels}x{dcfg.image_size}x{dcfg.image_size}: "
-                         f"use ConceptDataset(size={dcfg.image_size})")
-    check_captions(dataset.captions, dataset.caption_sources, dataset.files, cfg.trigger,
-                   dataset.caption_ext, require_trigger=False)
-    labels = torch.tensor([encode_prompt(c, cfg.trigger) for c in dataset.captions])
+    labels = concept_labels(dataset, unet.ddpm_config, cfg.trigger)     # before anything slow
     torch.manual_seed(cfg.seed)
     if prior is None and cfg.prior_images:
         prior = prior_set(unet, cfg.prior_images, seed=cfg.seed + 1)
@@ -140,19 +117,6 @@ def _prepare(unet: nn.Module, dataset: ConceptDataset, cfg: LoRATrainConfig, pri
     if acc.device.type == "cuda": torch.cuda.reset_peak_memory_stats()
     model.train()
     return acc, model, opt, params, prior, labels
-
-# %% ../nbs/42_lora_training.ipynb #c188510e
-def preview_if_due(acc, model: nn.Module, cfg: LoRATrainConfig, step: int,
-                   previews: list) -> torch.Tensor | None:
-    "Images for the trigger after step `step` (0-based) when one is due (also added to `previews`)."
-    if not cfg.preview_every: return None
-    if (step + 1) % cfg.preview_every and step + 1 != cfg.steps: return None
-    model.eval()
-    preview = generate(acc.unwrap_model(model), f"a photo of {cfg.trigger} digit", n=8,
-                       seed=cfg.seed, num_inference_steps=20, trigger=cfg.trigger)
-    model.train()
-    previews.append((step + 1, preview))
-    return preview
 
 # %% ../nbs/42_lora_training.ipynb #b88d644f
 @grad_enabled
@@ -187,21 +151,10 @@ def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig
         row = {"step": step + 1, "loss": loss.item(), "concept_loss": loss_c.item(),
                "prior_loss": loss_p.item(), "lr": cfg.lr, "seconds": round(time.time() - t0, 3)}
         logger(row)
-        preview = preview_if_due(acc, model, cfg, step, previews)
+        preview = preview_if_due(acc.unwrap_model(model), cfg, step, previews)
         if callback is not None: callback(row, preview)
         if stop_event is not None and stop_event.is_set():
             stopped = True
             break
-    return _result(acc, model, opt, params, cfg, logger.rows, previews, stopped, t0, t_steps, pm)
-
-# %% ../nbs/42_lora_training.ipynb #a0eff5bc
-def _result(acc, model, opt, params, cfg, rows, previews, stopped, t0, t_steps, pm) -> TrainResult:
-    secs, n_done = time.time() - t0, len(rows)
-    unet = acc.unwrap_model(model).eval()
-    weights = sum(p.numel() * p.element_size() for p in unet.parameters())
-    peak = torch.cuda.max_memory_allocated() if acc.device.type == "cuda" else weights + pm.peak
-    s_step = t_steps / (n_done - 1) if n_done > 1 else secs
-    n_tr = sum(p.numel() for p in params)
-    n_tot = sum(p.numel() for n, p in unet.named_parameters() if "lora_" not in n)   # the base's
-    return TrainResult(rows, previews, stopped, secs, s_step, n_tr, n_tot,
-                       training_state_bytes(unet, opt), peak, cfg.to_dict())
+    return train_result(acc.unwrap_model(model), opt, params, logger.rows, previews, stopped,
+                        time.time() - t0, t_steps, pm.peak, cfg.to_dict())

@@ -199,6 +199,7 @@ def _pile_parser() -> argparse.ArgumentParser:
     b.add_argument("out")
     b.add_argument("--max-mb", type=float, default=4.0, help="MB of text per subset (default 4)")
     b.add_argument("--max-doc-kb", type=float, default=256)
+    _clean_parser(sub)
     return p
 
 def _build_mini(a) -> int:
@@ -217,6 +218,33 @@ def _build_mini(a) -> int:
     for sp, path in paths.items(): print(f"{sp:<6} {path}  {path.stat().st_size/1e6:.2f} MB")
     return 0
 
+# %% ../nbs/66_pile_command.ipynb #c761caa9
+def _clean_parser(sub) -> None:
+    c = sub.add_parser("clean", help="clean Pile shards with a datatrove pipeline "
+                       "(filters, subsets, decontamination, dedup)",
+                       description="Clean the Pile shards of IN (.jsonl.zst, .jsonl.gz, .jsonl, "
+                       "any case) into Pile-format OUT/NNNNN.jsonl.zst, with removal logs and "
+                       "counts in OUT/.clean. Run again with the same settings to resume a stopped "
+                       "run.")
+    c.add_argument("input", metavar="IN", help="a shard, or a folder of shards")
+    c.add_argument("output", metavar="OUT", help="an empty or new folder (or a previous run's)")
+    c.add_argument("--dedup", choices=("exact", "minhash", "none"), default="exact",
+                   help="exact: normalised-text hash, minhash: datatrove's MinHash LSH stages "
+                        "(default exact)")
+    c.add_argument("--filters", nargs="+", choices=("gopher", "none"), default=["gopher"],
+                   help="quality filters: gopher (Gopher's rules, the default) or none")
+    c.add_argument("--drop-subsets", nargs="+", default=[], metavar="NAME",
+                   help="drop the documents of these pile_set_names (quote names with spaces)")
+    c.add_argument("--decontaminate", metavar="SPLIT_OR_PATH",
+                   help="drop documents sharing a 13-gram with: val, test or val,test (the "
+                        "mini-Pile's splits), or a file or folder of shards")
+    c.add_argument("--tasks", type=int, default=1, help="tasks the input is split into (default 1)")
+    c.add_argument("--workers", type=int, default=1,
+                   help="tasks run at the same time, in processes (default 1)")
+    c.add_argument("--errors", choices=("strict", "skip"), default="strict",
+                   help="a malformed line: stop (strict, the default) or skip and count it")
+
+
 # %% ../nbs/66_pile_command.ipynb #c01795c8
 def _stats_parts(tasks: list[str], errors: str, processes: int) -> list[tuple[dict, dict]]:
     "`_stats_one` of each task, in the tasks' order, in `processes` worker processes if > 1."
@@ -228,6 +256,42 @@ def _stats_parts(tasks: list[str], errors: str, processes: int) -> list[tuple[di
             futs = {i: ex.submit(_stats_one, tasks[i], errors, False) for i in order}
             return [futs[i].result() for i in range(len(tasks))]
     return [_stats_one(f, errors) for f in tasks]
+
+# %% ../nbs/66_pile_command.ipynb #1bd61b5e
+def _decontaminate_paths(value: str | None) -> list[str] | None:
+    "`--decontaminate`: an existing path, or mini-Pile split names (val, test, val,test)."
+    if value is None or Path(value).exists(): return None if value is None else [value]
+    names = value.split(",")
+    if not all(n in ("val", "test") for n in names):
+        raise FileNotFoundError(f"--decontaminate {value}: no such file or folder, and not "
+                                f"val, test or val,test")
+    paths = mini_pile()
+    return [str(paths[n]) for n in names]
+
+def _clean(a) -> int:
+    "`course pile clean`: exit 2 for a bad argument (nothing written), 1 when the run fails."
+    def say(m, code):
+        print(f"course pile clean: {m}", file=sys.stderr)
+        return code
+    try: from course_lib import pile_pipeline as pp
+    except ImportError as e:
+        return say(f"needs datatrove ({e}): pip install 'course_lib[pile]'", 1)
+    filters = [f for f in a.filters if f != "none"]
+    kw = dict(dedup=a.dedup, filters=filters, drop_subsets=a.drop_subsets, errors=a.errors,
+              tasks=a.tasks)
+    try:
+        kw["decontaminate"] = _decontaminate_paths(a.decontaminate)
+        pp.check_clean_args(a.input, a.output, workers=a.workers, **kw)
+    except (ValueError, FileNotFoundError) as e: return say(e, 2)
+    try: rep = pp.run_clean(a.input, a.output, workers=a.workers, **kw)
+    except (PileFormatError, OSError, RuntimeError) as e: return say(e, 1)
+    print(format_table(rep.table()))
+    print(f"kept {rep.documents_kept} of {rep.documents_in} documents "
+          f"({rep.bytes_kept / 1e6:.2f} of {rep.bytes_in / 1e6:.2f} MB) in {len(rep.files)} "
+          f"shard(s) in {a.output}, removal logs in {Path(a.output)/'.clean'/'removed'}")
+    if rep.skipped_lines: print(f"({rep.skipped_lines} bad lines skipped)")
+    return 0
+
 
 # %% ../nbs/66_pile_command.ipynb #d97be37e
 def _stats(a) -> int:
@@ -260,11 +324,12 @@ def _stats(a) -> int:
 
 def pile_main(argv: list[str]) -> int:
     """`course pile stats FILE... [--json] [--errors skip] [--processes N]` |
-    `course pile build-mini OUT [--max-mb N]`. Returns the exit code."""
+    `course pile build-mini OUT [--max-mb N]` | `course pile clean IN OUT [options]` (`--help`).
+    Returns the exit code."""
     p = _pile_parser()
     try: a = p.parse_args(argv)
     except SystemExit as e: return int(e.code or 0)
     if a.cmd is None:
         p.print_help(sys.stderr)
         return 2
-    return _build_mini(a) if a.cmd == "build-mini" else _stats(a)
+    return {"build-mini": _build_mini, "stats": _stats, "clean": _clean}[a.cmd](a)

@@ -131,6 +131,18 @@ def _mean_of_docs(ds):
 
 MISTAKES["bpb_per_subset"] = (_mean_of_docs, "averaging per-document")
 
+
+def _char_jaccard(a, b, n):
+    A, B = ({t[i:i + n] for i in range(max(1, len(t) - n + 1))} for t in (a, b))
+    return len(A & B) / len(A | B)
+
+
+# lesson 62a (cleaning the Pile): checkers in exercises_pile
+MISTAKES.update({
+    "shingle_jaccard": (_char_jaccard, "characters, not of words"),
+    "lsh_probability": (lambda s, b, r: 1 - (1 - s ** b) ** r, "swapping bands and rows"),
+})
+
 # unit 7 (guidance, flow matching, FLUX in miniature and its LoRA): checkers in exercises_flow, flux_parts
 MISTAKES.update({
     "cfg_combine": (lambda c, u, w: c + w * (u - c), "swapping cond and uncond"),
@@ -142,6 +154,7 @@ MISTAKES.update({
     "digit_slant": (lambda x: -E._ref_digit_slant(x), "the sign flipped"),
     "flux_lora_update": (lambda x, W, b, A, B, a: x @ W.T + b + x @ A.T @ B.T, "forgetting the scale alpha / r"),
     "svd_rank": (lambda A, B, s, k: E._ref_svd_rank(A, B, 1.0, k), "forgetting the scale"),
+    "peft_targets": (lambda ns, ts: [n for n in ns if any(t in n for t in ts)], "matching a substring"),
 })
 
 

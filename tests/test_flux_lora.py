@@ -338,3 +338,48 @@ def test_unit7_modules_import_one_way(lower, higher):
                 out |= {a.name.split(".")[-1] for a in n.names if a.name.startswith("course_lib.")}
         return out
     assert imported(lower) and higher not in imported(lower)
+
+
+def test_peft_targets_checker_is_peft_own_rule_on_flux(base, capsys):
+    "Exercise 1 of lesson 73: the reference is the rule peft applies (single-stream blocks included)."
+    import torch.nn as nn
+    from peft import LoraConfig, inject_adapter_in_model
+    from course_lib.flux_lora import FLUX_ATTENTION_TARGETS
+    from course_lib.flux_parts import _ref_peft_targets, check_peft_targets
+    tf = copy.deepcopy(base.transformer)
+    names = [n for n, m in tf.named_modules() if isinstance(m, nn.Linear)]
+    inject_adapter_in_model(LoraConfig(r=2, target_modules=list(FLUX_ATTENTION_TARGETS)), tf)
+    adapted = [n for n, m in tf.named_modules() if hasattr(m, "lora_A")]
+    assert _ref_peft_targets(names, FLUX_ATTENTION_TARGETS) == adapted
+    assert any(n.startswith("single_transformer_blocks.") for n in adapted)
+    assert check_peft_targets(_ref_peft_targets).passed
+    for wrong, words in [(lambda ns, ts: [n for n in ns if any(t in n for t in ts)], "substring"),
+                         (lambda ns, ts: [n for n in ns if n.split(".")[-1] in ts], "last dotted part"),
+                         (lambda ns, ts: [n for n in _ref_peft_targets(ns, ts) if "single" not in n],
+                          "single-stream")]:
+        r = check_peft_targets(wrong)
+        assert not r.passed and r.done and words in r.message, r.message
+    def stub(*a): raise NotImplementedError
+    assert not check_peft_targets(stub).done
+
+
+def test_cached_flux_lora_trains_once_then_loads_under_the_lesson_key(base, folder, tmp_path,
+                                                                      monkeypatch, capsys):
+    "Lesson 73's cache plumbing moved behind `cached_flux_lora`: same key as before, trains once, then loads."
+    from course_lib.cache import cache_key
+    from course_lib.flux_lora_train import cached_flux_lora
+    from course_lib.lora_files import base_fingerprint
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path/"home"))
+    monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
+    c = cfg(steps=5)
+    about = {"n_images": 8, "n_prior": 0}
+    first = copy.deepcopy(base)
+    run = cached_flux_lora(first, folder, c, about=about, progress=False)
+    out = capsys.readouterr().out
+    key = cache_key("flux_lora", {**c.to_dict(), "base": base_fingerprint(base.transformer), **about})
+    assert f"FLUX LoRA {key}: not cached" in out and "s/step here" in out, out
+    assert run.step == 5 and (tmp_path/"home"/"flux_lora"/key/"checkpoint.safetensors").is_file()
+    again = copy.deepcopy(base)
+    run2 = cached_flux_lora(again, folder, c, about=about, progress=False)
+    assert f"FLUX LoRA {key}: cached" in capsys.readouterr().out
+    assert run2.step == 5 and max_diff(weights(first), weights(again)) == 0

@@ -223,7 +223,7 @@ def trained(tiny_base, tmp_path_factory):
 
 
 def test_encode_prompt():
-    from course_lib.lora_train import encode_prompt
+    from course_lib.lora_base import encode_prompt
     assert encode_prompt("a photo of sks digit") == 9 and encode_prompt("A Photo of SKS") == 9
     assert encode_prompt("digit three") == 3 and encode_prompt("a 7, drawn") == 7
     with pytest.raises(ValueError, match="names no digit"): encode_prompt("a photo of digit nine")
@@ -287,7 +287,7 @@ def test_dashboard_widgets_start_button(tiny_base, trained, widgets):
 
 def test_adapter_roundtrip_and_seeded_generation(tiny_base, trained):
     from course_lib.lora_io import save_adapter, load_adapter, read_adapter, set_adapters
-    from course_lib.lora_train import generate
+    from course_lib.lora_base import generate
     model, res, ds, tmp = trained
     path = save_adapter(model, tmp / "a.safetensors", "concept", base_model="tiny", trigger="sks",
                         training_config=res.config, dataset=ds.summary())

@@ -6,7 +6,8 @@ import torch
 
 from course_lib.ddpm import (DDPMConfig, SAMPLERS, SPACINGS, make_scheduler, make_unet, sample, sampler_table,
                              timestep_grid)
-from course_lib.lora_train import generate, prior_set
+from course_lib.lora_base import generate
+from course_lib.lora_train import prior_set
 
 T = 1000
 

@@ -200,15 +200,18 @@ def test_captions_without_the_trigger_are_refused_by_the_folder_check(tmp_path):
 def test_train_lora_names_a_caption_it_cannot_read_before_loading_a_prior(tmp_path):
     "train_lora used to fail inside encode_prompt on the folder-name caption ('my dog')."
     from course_lib.lora_data import ConceptDataset
-    from course_lib.lora_train import LoRATrainConfig, check_captions
+    from course_lib.lora_train import LoRATrainConfig
+    from course_lib.lora_base import check_captions
     with pytest.warns(UserWarning):
         ds = ConceptDataset(_folder(tmp_path), size=16)
     with pytest.raises(ValueError, match="have no caption file"):
         check_captions(ds.captions, ds.caption_sources, ds.files, "sks", require_trigger=False)
     with pytest.warns(UserWarning, match="the trigger 'zwx' is in none"):
         check_captions(["a four"], ["sidecar"], [tmp_path / "a.png"], "zwx", require_trigger=False)
-    import inspect, course_lib.lora_train as lt
-    assert "check_captions(" in inspect.getsource(lt._prepare)
+    import inspect, course_lib.lora_train as lt, course_lib.lora_base as lb
+    src = inspect.getsource(lt._prepare)       # the captions are read before the prior set is drawn
+    assert -1 < src.find("concept_labels(") < src.find("prior_set(")
+    assert "check_captions(" in inspect.getsource(lb.concept_labels)
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])

@@ -1,0 +1,437 @@
+"""course_lib.studio (notebook 83): the LoRA studio, headless (`Studio`'s methods, which the page's handlers call),
+through Gradio's own Python client against a server on 127.0.0.1, after a SIGKILL mid-run, and in Chromium.
+On small untrained base models (`tiny_bases`: built offline in a second), a few steps each."""
+import json, os, signal, socket, subprocess, sys, textwrap, time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("gradio", reason='the studio needs pip install "course_lib[studio]"')
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from course_lib.flux_lora_train import write_corner_folder
+from course_lib.studio import Studio, build_studio, status_text, tiny_bases
+
+ROOT = Path(__file__).resolve().parents[1]
+UNET = {"rank": 2, "batch_size": 2, "prior_images": 0, "preview_every": 2}
+FLUX = {"rank": 2, "alpha": 2.0, "batch_size": 2, "lr": 1e-2, "checkpoint_every": 2}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    return sorted(write_corner_folder(tmp_path_factory.mktemp("digits"), n=4, pixels=16).glob("*.png"))
+
+
+@pytest.fixture(scope="module")
+def st(tmp_path_factory, digits):
+    """One studio for the headless tests: a unit 4 run paused, resumed and continued, a unit 7 run."""
+    s = Studio(tmp_path_factory.mktemp("studio"), tiny_bases())
+    s.add_images(digits)
+    s.set_captions({n: "a photo of sks digit" for n in s.captions()})
+    s.start("unet", "u1", {**UNET, "steps": 4})
+    s.pause()
+    s.wait()
+    s.start("flux", "f1", {**FLUX, "steps": 4, "trigger": "sks"}, preview_every=2)
+    s.wait()
+    return s
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- headless: the functions the page calls
+
+def test_bad_files_named_and_skipped_sizes_bucketed(tmp_path, digits):
+    from PIL import Image
+    s = Studio(tmp_path/"s", tiny_bases())
+    with pytest.raises(ValueError, match="no training images"):
+        s.start("unet", "r", {**UNET, "steps": 2})
+    (tmp_path/"notes.png").write_text("not an image")
+    Image.new("L", (32, 20)).save(tmp_path/"wide.png")
+    rep = s.add_images([*digits[:2], tmp_path/"notes.png", tmp_path/"wide.png", tmp_path/"gone.png"])
+    assert rep["added"] == ["corner_000.png", "corner_001.png", "wide.png"]
+    assert [n for n, _ in rep["skipped"]] == ["notes.png", str(tmp_path/"gone.png")]
+    assert "not an image" in rep["skipped"][0][1]
+    rows, warn = s.image_sizes("unet")
+    assert {r["bucket"] for r in rows} == {"8x8"} and {r["size"] for r in rows} == {"16x16", "32x20"}
+    assert {r["bucket"] for r in s.image_sizes("flux")[0]} == {"16x16"}       # each trainer's own side
+    assert len(warn) == 1 and warn[0].startswith("wide.png is 32x20")
+
+
+def test_settings_refused_before_training(st):
+    for bad, msg in [({"rank": 0}, "rank"), ({"rank": 17, "prior_images": 0}, "above the layer width"),
+                     ({"rank": 2, "lr": "fast"}, "not a number"), ({"rnak": 2}, "did you mean 'rank'")]:
+        with pytest.raises(ValueError, match=msg):
+            st.start("unet", "bad", bad)
+    with pytest.raises(ValueError, match="above the layer width"):
+        st.start("flux", "bad", {"rank": 99})
+    with pytest.raises(ValueError, match="run name"):
+        st.start("unet", "../x", UNET)
+    assert not (st.root/"runs"/"bad").exists()
+
+
+def test_pause_resume_continue_with_previews(st):
+    info = st.run_info("u1")
+    assert info["state"] == "paused" and info["steps"].startswith(("1/", "2/"))
+    done = len(info["history"])
+    st.resume("u1")
+    st.wait()
+    h = st.run_info("u1")["history"]
+    assert [r["step"] for r in h] == [1, 2, 3, 4] and st.run_info("u1")["state"] == "done"
+    assert h[done - 1]["loss"] == info["history"][-1]["loss"]          # the checkpoint's history kept
+    st.continue_run("u1", 2)
+    st.wait()
+    assert st.run_info("u1")["steps"] == "6/6"
+    assert [p.name for p in st.previews("u1")] == ["step_000002.png", "step_000004.png", "step_000006.png"]
+    assert [p.name for p in st.previews("f1")] == ["step_000002.png", "step_000004.png", "preview.png"]
+    assert {r["run"]: r["state"] for r in st.runs()} == {"u1": "done", "f1": "done"}
+
+
+def test_one_trainer_at_a_time(st):
+    st.start("unet", "u2", {**UNET, "steps": 400, "preview_every": 0})
+    try:
+        with pytest.raises(RuntimeError, match="one trainer at a time"):
+            st.start("flux", "f2", {**FLUX, "steps": 2})
+        other = Studio(st.root, tiny_bases())             # another process (or server) on the same root
+        with pytest.raises(RuntimeError, match="another studio process"):
+            other.start("unet", "u3", {**UNET, "steps": 2})
+        s = st.status()
+        assert s["state"] in ("starting", "training") and s["steps"] == 400 and s["memory_mb"] > 0
+    finally:
+        st.pause()
+        st.wait()
+    assert st.run_info("u2")["state"] == "paused"
+    assert "eta" not in status_text(st.status()).lower()
+
+
+def test_presets_refuse_unknown_keys_and_other_sizes(st, tmp_path):
+    from course_lib.lora_command import LoRATrainConfig
+    p = st.save_preset("unet", {"rank": 4, "lr": 1e-3, "target_modules": "to_q, to_k"}, "mine")
+    trainer, cfg = st.load_preset(p)
+    assert trainer == "unet" and cfg == LoRATrainConfig(rank=4, lr=1e-3, target_modules=("to_q", "to_k"))
+    d = json.loads(p.read_text())
+    for change, msg in [({"settings": {**d["settings"], "ranks": 4}}, "unknown preset key 'ranks'"),
+                        ({"base": "ddpm-bigger"}, "another base model"), ({"format": "x"}, "not a studio preset")]:
+        (tmp_path/"bad.json").write_text(json.dumps({**d, **change}))
+        with pytest.raises(ValueError, match=msg):
+            st.load_preset(tmp_path/"bad.json")
+
+
+def test_compare_export_generate(st):
+    rows, fig = st.compare(["u1", "f1"], rates=False)
+    assert [r["run"] for r in rows] == ["u1", "f1"] and len(fig.axes) == 3     # curves + two previews
+    rate = st.concept_rate("f1")
+    assert 0.0 <= rate <= 1.0
+    diff = st.export("f1", "diffusers")
+    kohya = st.export("f1", "kohya", "fp16", rank=1)
+    from safetensors import safe_open
+    with safe_open(str(diff), "pt") as f:
+        assert all(k.startswith("transformer.") for k in f.keys())           # diffusers' own layout
+    with safe_open(str(kohya), "pt") as f:
+        keys, meta = list(f.keys()), f.metadata()
+    assert any(k.startswith("lora_transformer_") and k.endswith(".alpha") for k in keys)
+    assert meta["ss_network_dim"] == "1"
+    with pytest.raises(ValueError, match="dtype"):
+        st.export("f1", "kohya", "fp8")
+    # two adapters on one loaded pipeline, switched by weight: the base is never reloaded
+    base0 = st.generate("flux", "sks seven", {}, steps=2, n=2)
+    pipe = st.generator("flux")[0]
+    name = st.load_adapter_file("flux", kohya, "f1_kohya")
+    a = st.generate("flux", "sks seven", {"f1": 1.0, name: 0.5}, steps=2, n=2)
+    b = st.generate("flux", "sks seven", {"f1": 1.0}, steps=2, n=2)
+    assert st.generator("flux")[0] is pipe and set(pipe.get_list_adapters()["transformer"]) == {"f1", "f1_kohya"}
+    assert (a - b).abs().max() > 0 and (b - base0).abs().max() > 0
+    assert torch.equal(st.generate("flux", "sks seven", {}, steps=2, n=2), base0)   # all off: the base again
+    u = st.generate("unet", "a photo of sks digit", {"u1": 1.0}, steps=2, n=2)
+    assert u.shape == (2, 1, 8, 8) and 0 <= u.min() and u.max() <= 1          # the tiny UNet's side
+    with pytest.raises(ValueError, match="not an adapter for this flux model"):
+        st.load_adapter_file("flux", st.root/"runs"/"u1"/"adapter.safetensors")
+    assert {c.split(" ")[0] for _, c in st.gallery()} >= {"u1", "f1"}
+
+
+# ---------------------------------------------------------------- the page, through Gradio's Python client
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, digits):
+    demo = build_studio(tmp_path_factory.mktemp("served"), tiny_bases())
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True)
+    yield demo, url
+    demo.close()
+
+
+def test_client_bad_input_gives_messages(server, digits, tmp_path):
+    from gradio_client import Client, handle_file
+    demo, url = server
+    c = Client(url, verbose=False)
+    (tmp_path/"notes.txt").write_text("not an image")
+    msg, table = c.predict([handle_file(str(digits[0])), handle_file(str(tmp_path/"notes.txt"))],
+                           api_name="/upload_images")
+    assert "added 1 image" in msg and "skipped **notes.txt**: not an image" in msg
+    assert [r[0] for r in table["data"]] == ["corner_000.png"]
+    form = {k: v for k, v in zip(*_form(demo))}
+    for change, expect in [({"unet-rank": 0}, "rank must be"), ({"unet-rank": 64}, "above the layer width")]:
+        out = c.predict("unet", "bad", 2, *{**form, **change}.values(), api_name="/start")
+        assert out.startswith("**error**") and expect in out and "Traceback" not in out
+    out = c.predict("unet", "no-captions", 2, *{**form, "unet-rank": 2}.values(), api_name="/start")
+    assert out.startswith("**error**: corner_000.png: prompt") and "names no digit" in out
+    preset = demo.studio.save_preset("unet", {"rank": 2}, "small")
+    (tmp_path/"big.json").write_text(preset.read_text().replace(demo.studio.bases["unet"].key, "ddpm-big"))
+    out = c.predict(handle_file(str(tmp_path/"big.json")), api_name="/load_preset")
+    assert out[0].startswith("**error**: big.json was made for another base model (ddpm-big)")
+    from course_lib.studio import Studio as S
+    other = S(tmp_path/"other", tiny_bases())
+    other.add_images(digits)
+    other.set_captions({n: "sks" for n in other.captions()})
+    other.start("unet", "u", {**UNET, "steps": 1})
+    other.wait()
+    out = c.predict("flux", handle_file(str(other.root/"runs"/"u"/"adapter.safetensors")), api_name="/load_adapter")
+    assert out.startswith("**error**: adapter.safetensors is not an adapter for this flux model")
+
+
+def _form(demo):
+    "The Train tab's form: element ids and default values, in the order /start takes them."
+    comps = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) and b.elem_id.split("-")[0] in
+             ("unet", "flux") and b.elem_id not in ("unet", "flux")]
+    ids = [b.elem_id for b in comps]
+    return ids, [b.value for b in comps]
+
+
+def _caption_all(c, digits, text="a photo of sks digit"):
+    "Upload the digits and write each one's caption through the page's table."
+    from gradio_client import handle_file
+    table = c.predict([handle_file(str(p)) for p in digits], api_name="/upload_images")[1]
+    rows = [[r[0], r[1], r[2], text] for r in table["data"]]
+    assert c.predict({"headers": table["headers"], "data": rows, "metadata": None},
+                     api_name="/save_captions") == f"saved {len(rows)} caption(s)"
+
+
+def test_client_train_pause_resume_export_generate(server, digits):
+    from gradio_client import Client
+    demo, url = server
+    c = Client(url, verbose=False)
+    _caption_all(c, digits)
+    assert set(demo.studio.captions().values()) == {"a photo of sks digit"}
+    form = dict(zip(*_form(demo)))
+    form.update({"unet-rank": 2, "unet-steps": 300, "unet-batch_size": 2, "unet-prior_images": 0,
+                 "unet-preview_every": 0})
+    assert c.predict("unet", "web-1", 0, *form.values(), api_name="/start") == "started web-1 (unet)"
+    busy = c.predict("unet", "web-2", 0, *form.values(), api_name="/start")
+    assert "one trainer at a time" in busy
+    t0 = time.time()
+    while demo.studio.status().get("step", 0) < 3 and time.time() - t0 < 60: time.sleep(0.2)
+    status = c.predict(api_name="/status")[0]
+    assert status.startswith("web-1 (unet): training, step") and "ETA" in status and "MB" in status
+    assert c.predict(api_name="/pause").startswith("pausing web-1")
+    demo.studio.wait()
+    assert "paused" in c.predict(api_name="/status")[0]
+    choices, table = c.predict(api_name="/runs")
+    assert [r[:3] for r in table["data"]] == [["web-1", "unet", "paused"]]
+    msg, path = c.predict("web-1", "kohya", "fp32", 0, api_name="/export")
+    assert msg.startswith("wrote web-1-kohya-fp32.safetensors") and Path(path).is_file()
+    msg, image, gallery = c.predict("unet", "a photo of sks digit", "", 0, 1.0, 2, "web-1=0.8",
+                                    api_name="/generate")
+    assert msg == "generated with web-1=0.8" and Path(image).is_file()
+    msg = c.predict("unet", "sks", "", 0, 1.0, 2, "web-1=lots", api_name="/generate")[0]
+    assert msg.startswith("**error**") and "WEIGHT a number" in msg
+
+
+# ---------------------------------------------------------------- nothing lost: SIGKILL mid-run, then a restart
+
+SERVE = textwrap.dedent("""
+    import sys
+    from course_lib.studio import build_studio, tiny_bases
+    demo = build_studio(sys.argv[1], tiny_bases())
+    demo.launch(server_name="127.0.0.1", server_port=int(sys.argv[2]), quiet=True)
+""")
+
+
+def _serve(root: Path, port: int):
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    p = subprocess.Popen([sys.executable, "-c", SERVE, str(root), str(port)], env=env, cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    t0 = time.time()
+    while time.time() - t0 < 120:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1): return p
+        except OSError: time.sleep(0.3)
+        assert p.poll() is None, p.stderr.read().decode()[-2000:]
+    p.kill()
+    raise AssertionError("the studio server did not start in 120 s")
+
+
+def test_sigkill_mid_run_then_restart_resumes(tmp_path, digits):
+    from gradio_client import Client
+    from course_lib.core import load_checkpoint
+    root, port = tmp_path/"studio", free_port()
+    p = _serve(root, port)
+    try:
+        c = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        _caption_all(c, digits)
+        demo_form = dict(zip(*_form(build_studio(tmp_path/"unused", tiny_bases()))))
+        demo_form.update({"unet-rank": 2, "unet-steps": 100000, "unet-batch_size": 2, "unet-prior_images": 0,
+                          "unet-preview_every": 0})
+        assert c.predict("unet", "killed", 0, *demo_form.values(), api_name="/start").startswith("started")
+        ck = root/"runs"/"killed"/"checkpoint.safetensors"
+        t0 = time.time()
+        while not ck.is_file() and time.time() - t0 < 120: time.sleep(0.2)
+        assert ck.is_file(), "no checkpoint after 120 s"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    step = load_checkpoint(ck)[0]["step"]
+    assert step >= 25 and (root/"runs"/"killed"/"preset.json").is_file()
+    p = _serve(root, port)
+    try:
+        c = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        table = c.predict(api_name="/runs")[1]["data"]
+        assert [r[:4] for r in table] == [["killed", "unet", "paused", f"{step}/100000"]]
+        assert c.predict("killed", api_name="/resume") == "resuming killed"       # the lock died with the process
+        t0 = time.time()
+        while f"step {step + 2}/" not in (s := c.predict(api_name="/status")[0]) and time.time() - t0 < 60:
+            time.sleep(0.3)
+        assert s.startswith("killed (unet): training"), s
+        c.predict(api_name="/pause")
+        t0 = time.time()
+        while "paused" not in c.predict(api_name="/status")[0] and time.time() - t0 < 60: time.sleep(0.3)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    h = load_checkpoint(ck)[0]["history"]
+    assert [r["step"] for r in h] == list(range(1, len(h) + 1)) and len(h) > step
+
+
+# ---------------------------------------------------------------- in a real browser (Chromium, Playwright)
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-quic"]
+ARTIFACTS = ROOT/"test-artifacts"/"studio"
+
+
+def _chromium() -> str | None:
+    import shutil
+    for c in [os.environ.get("COURSE_LIB_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"]:
+        if c and shutil.which(c): return shutil.which(c)
+    return None
+
+
+def _no_browser(why: str):
+    "Skip locally, fail in CI (`CI=true`: .ci/run installs Chromium), as tests/test_site.py does."
+    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+        pytest.fail(f"the studio's browser test cannot run in CI: {why}", pytrace=False)
+    pytest.skip(f"browser test skipped: {why}")
+
+
+def test_browser_end_to_end(tmp_path, digits):
+    """Upload 4 images, caption them, train a few steps, pause, resume, compare two runs, export both formats,
+    generate with two adapters: in Chromium, with a screenshot of each tab in test-artifacts/studio/."""
+    exe = _chromium()
+    if exe is None: _no_browser("no Chromium found (apt-get install chromium, or set COURSE_LIB_CHROMIUM)")
+    from playwright.sync_api import expect, sync_playwright
+    demo = build_studio(tmp_path/"studio", tiny_bases())
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pw = sync_playwright().start()
+    try:
+        browser = pw.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url)
+        expect(page.get_by_text("LoRA studio").first).to_be_visible(timeout=60_000)
+        status = lambda el: expect(page.locator(f"#{el}"))
+        # Data: upload, caption with the course's captioner
+        page.locator("#upload input[type=file]").set_input_files([str(p) for p in digits])
+        status("data-status").to_contain_text("added 4 image(s)", timeout=60_000)
+        page.locator("#caption").click()
+        status("data-status").to_contain_text("captioned 4 image(s)", timeout=120_000)
+        expect(page.locator("#captions")).to_contain_text("sks")
+        page.screenshot(path=str(ARTIFACTS/"data.png"), full_page=True)
+        # Train: a long run paused and resumed, then a short second run
+        page.get_by_role("tab", name="Train").click()
+        for k, v in {"unet-rank": 2, "unet-steps": 400, "unet-batch_size": 2, "unet-prior_images": 0,
+                     "unet-preview_every": 0}.items():
+            page.locator(f"#{k} input").fill(str(v))
+        page.locator("#every input").fill("0")
+        page.locator("#start").click()
+        status("train-status").to_contain_text("run-1 (unet): training, step", timeout=60_000)
+        page.locator("#pause").click()
+        status("train-status").to_contain_text("paused", timeout=60_000)
+        page.locator("#resume").click()
+        status("train-status").to_contain_text("training", timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS/"train.png"), full_page=True)
+        page.locator("#pause").click()
+        status("train-status").to_contain_text("paused", timeout=60_000)
+        page.locator("#run-name input, #run-name textarea").first.fill("run-2")
+        page.locator("#unet-steps input").fill("3")
+        page.locator("#start").click()
+        status("train-status").to_contain_text("run-2 (unet): done, step 3/3", timeout=60_000)
+        # Runs: both side by side
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#refresh").click()
+        expect(page.locator("#runs-table")).to_contain_text("run-2", timeout=30_000)
+        for r in ("run-1", "run-2"):
+            page.locator("#run-pick input").fill(r)
+            page.locator("#run-pick input").press("Enter")
+        page.keyboard.press("Escape")
+        page.locator("#compare").click()
+        status("runs-status").to_contain_text("2 run(s)", timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS/"runs.png"), full_page=True)
+        # Export: both formats
+        page.get_by_role("tab", name="Export").click()
+        page.locator("#export-run input").fill("run-1")
+        page.locator("#export-run input").press("Enter")
+        page.locator("#export").click()
+        status("export-status").to_contain_text("wrote run-1-diffusers-fp32.safetensors", timeout=60_000)
+        page.locator("#fmt").get_by_text("kohya").click()
+        page.locator("#export").click()
+        status("export-status").to_contain_text("wrote run-1-kohya-fp32.safetensors", timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS/"export.png"), full_page=True)
+        # Generate: two adapters at their weights
+        page.get_by_role("tab", name="Generate").click()
+        page.locator("#adapters input, #adapters textarea").first.fill("run-1=1.0, run-2=0.5")
+        page.locator("#generate").click()
+        status("gen-status").to_contain_text("generated with run-1=1.0, run-2=0.5", timeout=120_000)
+        expect(page.locator("#samples img").first).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS/"generate.png"), full_page=True)
+        assert not errors, errors
+        browser.close()
+    finally:
+        pw.stop()
+        demo.close()
+    assert (tmp_path/"studio"/"exports"/"run-1-kohya-fp32.safetensors").is_file()
+    assert demo.studio.run_info("run-1")["state"] == "paused"
+
+
+def test_course_studio_command(monkeypatch, tmp_path, capsys):
+    "`course studio`: --help documents it, 127.0.0.1 and Gradio's port (None: $GRADIO_SERVER_PORT, else 7860) by default."
+    import course_lib.studio as studio
+    from course_lib.cli import main
+    assert main(["studio", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(k in out for k in ("--root", "--host", "--port", "GRADIO_SERVER_PORT", "default 127.0.0.1"))
+    assert main(["studio", "--port", "many"]) == 2
+    seen = {}
+
+    class Fake:
+        def __init__(self, root): self.studio = type("S", (), {"root": root})()
+        def launch(self, **kw): seen.update(kw)
+    monkeypatch.setattr(studio, "build_studio", Fake)
+    assert main(["studio", "--root", str(tmp_path)]) == 0
+    assert seen == {"server_name": "127.0.0.1", "server_port": None}
+    assert main(["studio", "--root", str(tmp_path), "--host", "0.0.0.0", "--port", "7999"]) == 0
+    assert seen == {"server_name": "0.0.0.0", "server_port": 7999}
+
+
+def test_space_files():
+    "space/app.py builds the same app; space/README.md carries the Space's front matter."
+    app, readme = (ROOT/"space"/"app.py").read_text(), (ROOT/"space"/"README.md").read_text()
+    assert "from course_lib.studio import build_studio" in app and "demo.launch(" in app
+    front = readme.split("---")[1]
+    for k in ("sdk: gradio", "app_file: app.py", "sdk_version:", "title:"):
+        assert k in front, k
+    assert "course_lib[studio]" in (ROOT/"space"/"requirements.txt").read_text()
