@@ -12,6 +12,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
+from itertools import compress
 from pathlib import Path
 
 import numpy as np
@@ -356,48 +357,77 @@ def _dup_fracs(parts: list[str], total_chars: int) -> tuple[float, float]:
 
 def gopher_stats(text: str) -> dict[str, float]:
     """The measure of each rule of `GOPHER_RULES` for `text` (floats, keyed by rule name).
-    Raises TypeError if `text` is not a str."""
+    Per-word tests run once per distinct word. Raises TypeError if `text` is not a str."""
     words = _check_text(text).split()
-    n = max(len(words), 1)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    paras = [p.strip() for p in _PARAGRAPH.split(text) if p.strip()]
+    n, counts = max(len(words), 1), Counter(words)
+    lines = [ln for ln in map(str.strip, text.splitlines()) if ln]
+    paras = [p for p in map(str.strip, _PARAGRAPH.split(text)) if p]
     ells = sum(ln.endswith(("...", "\u2026")) for ln in lines)
+    letters = {c for c in set(text) if c.isalpha()}    # a word is alphabetic iff it has one
+    bare = _PUNCT.sub("", " ".join(counts).lower()).split()   # distinct words, punctuation off
     s = {"word_count": len(words), "mean_word_length": sum(map(len, words)) / n,
          "hash_ratio": text.count("#") / n,
          "ellipsis_ratio": (text.count("...") + text.count("\u2026")) / n,
          "bullet_lines": sum(ln.startswith(BULLETS) for ln in lines) / max(len(lines), 1),
          "ellipsis_lines": ells / max(len(lines), 1),
-         "alpha_words": sum(any(c.isalpha() for c in w) for w in words) / n,
-         "stop_words": len(GOPHER_STOP_WORDS & {_PUNCT.sub("", w.lower()) for w in words})}
+         "alpha_words": (len(words) - sum(compress(counts.values(),
+                                                   map(letters.isdisjoint, counts)))) / n,
+         "stop_words": len(GOPHER_STOP_WORDS.intersection(bare))}
     s["dup_line_frac"], s["dup_line_char_frac"] = _dup_fracs(lines, len(text))
     s["dup_para_frac"], s["dup_para_char_frac"] = _dup_fracs(paras, len(text))
-    return s | _ngram_stats(words)
+    return s | _ngram_stats(words, counts)
 
 # %% ../nbs/69_pile_clean.ipynb #aebaabcc
-def _ngram_stats(words: list[str]) -> dict[str, float]:
-    "top_2..4_gram and dup_5..10_gram character fractions (see `GOPHER_RULES`) of `words`."
+def _ngram_stats(words: list[str], counts: Counter) -> dict[str, float]:
+    """top_2..4_gram and dup_5..10_gram character fractions (see `GOPHER_RULES`) of `words`
+    (`counts`: their `Counter`). Words get integer ids. An n-gram can repeat only where its
+    (n-1)-gram prefix repeats, so each n extends just those positions by one word (exact ids)."""
     out = {f"top_{n}_gram": 0.0 for n in (2, 3, 4)} | {f"dup_{n}_gram": 0.0 for n in range(5, 11)}
-    lengths = np.fromiter(map(len, words), np.int64, len(words))
-    total, h = max(int(lengths.sum()), 1), _word_hashes(words)
-    csum = np.concatenate([[0], np.cumsum(lengths)])
+    index = {w: i for i, w in enumerate(counts)}
+    ids = np.fromiter(map(index.__getitem__, words), np.int64, len(words))
+    lengths = np.fromiter(map(len, counts), np.int64, len(counts))[ids]
+    total, csum = max(int(lengths.sum()), 1), np.concatenate([[0], np.cumsum(lengths)])
+    reps = np.fromiter(counts.values(), np.int64, len(counts))[ids] > 1
+    pos, group = np.flatnonzero(reps), ids[reps]       # starts and ids of repeated (n-1)-grams
     for n in range(2, 11):
-        if len(words) < n:
+        keep = pos <= len(words) - n
+        key = group[keep] * len(counts) + ids[pos[keep] + n - 1]
+        group, cnt = _dense_ids(key)
+        reps = cnt[group] > 1
+        pos, group = pos[keep][reps], group[reps]
+        if not len(pos):
             break
-        g = _ngram_hashes(h, n)
-        _, first, inverse, counts = np.unique(g, return_index=True, return_inverse=True,
-                                              return_counts=True)
         if n <= 4:
-            top = int(np.argmax(counts))
-            if counts[top] > 1:
-                i = first[top]
-                out[f"top_{n}_gram"] = int(csum[i + n] - csum[i]) * int(counts[top]) / total
+            out[f"top_{n}_gram"] = _top_chars(words, pos, group, cnt, csum, n) / total
         else:
-            starts = np.flatnonzero(counts[inverse.reshape(-1)] > 1)
-            cover = np.zeros(len(words) + 1, np.int64)
-            np.add.at(cover, starts, 1)
-            np.add.at(cover, starts + n, -1)
+            cover = np.bincount(pos, minlength=len(words) + 1)
+            cover -= np.bincount(pos + n, minlength=len(words) + 1)
             out[f"dup_{n}_gram"] = int(lengths[np.cumsum(cover[:-1]) > 0].sum()) / total
     return out
+
+# %% ../nbs/69_pile_clean.ipynb #d0e42743
+def _top_chars(words, pos, group, cnt, csum, n) -> int:
+    """Characters x count of the most frequent n-gram (starts `pos`, ids `group`, counts `cnt`).
+    Among equally frequent n-grams of different lengths, the smallest `_ngram_hashes` wins."""
+    starts = pos[cnt[group] == cnt.max()]
+    chars = csum[starts + n] - csum[starts]
+    if len(set(chars.tolist())) > 1:                  # as `_ngram_hashes`, one row per n-gram
+        h = _word_hashes([words[i + j] for i in starts.tolist() for j in range(n)]).reshape(-1, n)
+        s = np.full(len(starts), n, np.uint64)
+        for j in range(n):
+            s = _fmix64(s ^ h[:, j]) + np.uint64(j + 1)
+        chars = chars[int(np.argmin(s))]
+    return int(np.max(chars)) * int(cnt.max())
+
+
+def _dense_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    "(K,) keys -> (K,) ids in 0..G-1 (equal keys, equal ids, ascending with the key), (G,) counts."
+    order = np.argsort(key)
+    first = np.empty(len(key), bool)
+    first[:1], first[1:] = True, key[order[1:]] != key[order[:-1]]
+    ids = np.empty(len(key), np.int64)
+    ids[order] = np.cumsum(first) - 1
+    return ids, np.diff(np.flatnonzero(np.append(first, True)))
 
 # %% ../nbs/69_pile_clean.ipynb #902a787e
 def gopher_reasons(text: str) -> list[str]:
