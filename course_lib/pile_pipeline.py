@@ -117,6 +117,8 @@ class PileReader(BaseDiskReader):
 @patch_to(PileReader)
 def run(self, data: DocumentsPipeline = None, rank: int = 0,
         world_size: int = 1) -> DocumentsPipeline:
+    """Pass on `data`, then yield the documents of this task's share of the shards (every
+    `world_size`-th file from `rank`), counting what was read."""
     if data: yield from data
     files = self.files()
     if not files: raise FileNotFoundError(f"no Pile shards ({', '.join(SHARD_SUFFIXES)}) "
