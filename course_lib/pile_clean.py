@@ -82,7 +82,8 @@ def word_ngrams(text: str, n: int) -> list[str]:
 
 def exact_jaccard(a_text: str, b_text: str, n: int = 5) -> float:
     """Exact Jaccard similarity (size of the intersection over the size of the union) of the sets
-    of `word_ngrams(., n)` of two texts, in [0, 1], 1.0 when both sets are empty. Raises TypeError / ValueError as `word_ngrams`."""
+    of `word_ngrams(., n)` of two texts, in [0, 1], 1.0 when both sets are empty. Raises
+    TypeError / ValueError as `word_ngrams`."""
     a, b = set(word_ngrams(a_text, n)), set(word_ngrams(b_text, n))
     return len(a & b) / len(a | b) if a | b else 1.0
 
