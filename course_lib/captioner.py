@@ -16,15 +16,15 @@ import torch.nn.functional as F
 from .cache import cache_key, cached, code_fingerprint
 from .core import (OfflineError, cache_dir, grad_enabled, load_checkpoint, patch_to,
                              save_checkpoint)
-from .data import Digits
+from .data import Digits, convert_image
 from .flux_parts import DIGIT_NAMES, PROPERTY_SIZE, ink_mass, property_thresholds, slant
 from .lora_data import fit_image
 
 # %% auto #0
 __all__ = ['COURSE_CAPTIONER', 'CAPTION_SLOTS', 'CORNER_SHARE', 'to_corner', 'measure_slots', 'slots_to_captions',
            'measured_captions', 'captioner_data', 'DigitsCaptionNet', 'CaptionerConfig', 'caption_accuracy',
-           'train_digits_captioner', 'check_images', 'convert_image', 'images_to_tensor', 'Captioner',
-           'DigitsCaptioner', 'load_digits_captioner', 'HFCaptioner', 'get_captioner']
+           'train_digits_captioner', 'check_images', 'images_to_tensor', 'Captioner', 'DigitsCaptioner',
+           'load_digits_captioner', 'HFCaptioner', 'get_captioner']
 
 # %% ../nbs/82_captioner.ipynb #ac8ff0d6
 COURSE_CAPTIONER = "course-digits"      # get_captioner's name for the course's own captioner
@@ -195,25 +195,6 @@ def check_images(images) -> list:
     return list(images)
 
 # %% ../nbs/82_captioner.ipynb #b391f7f3
-_16BIT = ("I;16", "I;16B", "I;16L", "I")    # PIL's 16- and 32-bit grey modes
-
-def convert_image(im, mode: str = "L"):
-    """One PIL image as the course's training data reads image files (`data.open_image`): EXIF
-    orientation applied, 16-bit grey scaled to 8 bits, palette and transparent images composited
-    on white, then converted to `mode` ('L' or 'RGB')."""
-    from PIL import Image, ImageOps
-    im = ImageOps.exif_transpose(im)
-    if im.mode in _16BIT:
-        a = np.asarray(im, dtype=np.float64)
-        hi = 65535.0 if a.max() > 255 else 255.0
-        im = Image.fromarray(np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
-    if im.mode == "P": im = im.convert("RGBA")
-    if im.mode in ("RGBA", "LA"):
-        im = Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)),
-                                   im.convert("RGBA"))
-    return im.convert(mode)
-
-
 def images_to_tensor(images, size: int = PROPERTY_SIZE) -> torch.Tensor:
     """PIL images of any size and mode (`check_images`, `convert_image`) as the captioner's input:
     `(B, 1, size, size)` float32 in [-1, 1], each fitted (resized to cover, centre-cropped) as

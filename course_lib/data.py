@@ -18,8 +18,9 @@ from .core import OfflineError, cache_dir
 
 # %% auto #0
 __all__ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', 'TEST_SPLITS', 'digits_arrays', 'resize_uint8',
-           'split_indices', 'Digits', 'to_float', 'to_uint8', 'FolderReport', 'open_image', 'scan_image_folder',
-           'split_folders', 'ImageFolder', 'load_torchvision', 'load_mnist', 'load_fashion_mnist', 'load_cifar10']
+           'split_indices', 'Digits', 'to_float', 'to_uint8', 'FolderReport', 'convert_image', 'open_image',
+           'scan_image_folder', 'split_folders', 'ImageFolder', 'load_torchvision', 'load_mnist', 'load_fashion_mnist',
+           'load_cifar10']
 
 # %% ../nbs/01_data.ipynb #50288c3a
 DIGITS_SIZES = (8, 16, 32)
@@ -139,9 +140,27 @@ class FolderReport:
         return "\n".join(lines)
 
 
-# %% ../nbs/01_data.ipynb #bfaa2e3d
+# %% ../nbs/01_data.ipynb #c2625a2a
 _16BIT = ("I;16", "I;16B", "I;16L", "I")   # PIL's modes of 16- and 32-bit grey images
 
+def convert_image(im, mode: str = "RGB", alpha: str = "white"):
+    """A loaded PIL image as the course reads image files (`open_image`): EXIF orientation
+    applied, 16-bit grey scaled to 8 bits, palette and transparent images composited on white
+    (`alpha='white'`) or their alpha dropped (`'drop'`), then converted to `mode` ('RGB' or 'L')."""
+    from PIL import Image, ImageOps
+    im = ImageOps.exif_transpose(im)
+    if im.mode in _16BIT:
+        a = np.asarray(im, dtype=np.float64)
+        hi = 65535.0 if a.max() > 255 else 255.0
+        im = Image.fromarray(np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
+    if im.mode == "P": im = im.convert("RGBA")
+    if im.mode in ("RGBA", "LA") and alpha == "white":
+        bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
+        im = Image.alpha_composite(bg, im.convert("RGBA"))
+    return im.convert(mode)
+
+
+# %% ../nbs/01_data.ipynb #bfaa2e3d
 def open_image(path: str | os.PathLike, mode: str = "RGB", alpha: str = "white"):
     """Open an image file fully (so truncation is detected now), apply its EXIF orientation and
     convert it to `mode` ('RGB' or 'L'). Palette, RGBA/LA, CMYK and 16-bit images are converted.
@@ -153,22 +172,13 @@ def open_image(path: str | os.PathLike, mode: str = "RGB", alpha: str = "white")
     `alpha`."""
     if alpha not in ("white", "drop"):
         raise ValueError(f"alpha must be 'white' or 'drop', got {alpha!r}")
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
     path = Path(path)
     try:
         if path.stat().st_size == 0: raise ValueError("empty file (0 bytes)")
         with Image.open(path) as im:
             im.load()
-            im = ImageOps.exif_transpose(im)
-            if im.mode in _16BIT:
-                a = np.asarray(im, dtype=np.float64)
-                hi = 65535.0 if a.max() > 255 else 255.0
-                im = Image.fromarray(np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
-            if im.mode == "P": im = im.convert("RGBA")
-            if im.mode in ("RGBA", "LA") and alpha == "white":
-                bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
-                im = Image.alpha_composite(bg, im.convert("RGBA"))
-            return im.convert(mode)
+            return convert_image(im, mode, alpha)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     except UnidentifiedImageError:
