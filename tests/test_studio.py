@@ -240,6 +240,51 @@ def test_client_train_pause_resume_export_generate(server, digits):
     assert msg.startswith("**error**") and "WEIGHT a number" in msg
 
 
+def test_client_unit4_concept_rate_and_export_options(tmp_path, digits):
+    """Unit 4's rows of the table through the page: the Runs tab's concept rate (the digits classifier on the
+    run's samples for the trigger) and the Export tab's "measure the options" button (every format x dtype x
+    rank with its size, maximum output change and concept rate), each equal to the headless call's figure."""
+    from gradio_client import Client
+    demo = build_studio(tmp_path/"studio", tiny_bases())
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        c = Client(url, verbose=False)
+        _caption_all(c, digits)
+        form = dict(zip(*_form(demo)))
+        form.update({"unet-rank": 2, "unet-steps": 2, "unet-batch_size": 2, "unet-prior_images": 0,
+                     "unet-preview_every": 0})
+        assert c.predict("unet", "u4", 0, *form.values(), api_name="/start") == "started u4 (unet)"
+        demo.studio.wait()
+        assert c.predict(api_name="/runs")[0]["choices"] == [["u4", "u4"]]     # "refresh" lists the run to pick
+        msg, table, _ = c.predict(["u4"], True, api_name="/compare")
+        row = dict(zip(table["headers"], table["data"][0]))
+        assert msg == "1 run(s)" and row["run"] == "u4" and row["trainer"] == "unet"
+        rate = demo.studio.concept_rate("u4")
+        assert 0.0 <= rate <= 1.0 and float(row["concept_rate"]) == round(rate, 3)
+        msg, opts = c.predict("u4", api_name="/export_options")
+        rows = [dict(zip(opts["headers"], r)) for r in opts["data"]]
+        assert msg == "8 option(s)" and len(rows) == 8       # 2 formats x (fp32, fp16, bf16 at rank 2, fp32 at 1)
+        assert {(r["format"], r["dtype"], int(r["rank"])) for r in rows} == {
+            (f, d, k) for f in ("diffusers", "kohya") for d, k in [("fp32", 2), ("fp16", 2), ("bf16", 2), ("fp32", 1)]}
+        by = {(r["format"], r["dtype"], int(r["rank"])): r for r in rows}
+        full = by[("diffusers", "fp32", 2)]
+        assert float(full["max_output_change"]) <= 1e-6                   # the run's own adapter, reloaded
+        assert float(full["concept_rate"]) == pytest.approx(rate, abs=1e-9)
+        from safetensors.torch import load_file
+        folder = demo.studio.root/"exports"/"u4-options"
+        payload = lambda r: sum(t.numel() * t.element_size() for k, t in load_file(folder/r["path"]).items()
+                                if not k.endswith(".alpha"))         # kohya's alphas stay float32 scalars
+        for f in ("diffusers", "kohya"):                                   # half the bytes per weight
+            assert int(by[(f, "fp16", 2)]["bytes"]) < int(by[(f, "fp32", 2)]["bytes"])
+            assert payload(by[(f, "fp16", 2)]) * 2 == payload(by[(f, "fp32", 2)])
+            assert 0 < float(by[(f, "bf16", 2)]["max_output_change"])     # rounding changes the output a little
+        assert payload(by[("diffusers", "fp32", 1)]) * 2 == payload(by[("diffusers", "fp32", 2)])   # rank 2 -> 1
+        assert sorted(p.name for p in folder.glob("*.safetensors")) == \
+            sorted(Path(r["path"]).name for r in rows)
+    finally:
+        demo.close()
+
+
 # ---------------------------------------------------------------- nothing lost: SIGKILL mid-run, then a restart
 
 SERVE = textwrap.dedent("""
