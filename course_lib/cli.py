@@ -287,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     for k in ("profile", "date", "machine"):
         rd.add_argument(f"--{k}", help=f"the run's {k}, when its run.json lacks it",
                         choices=PROFILES if k == "profile" else None)
+    rd.add_argument("--cached", action="store_true", help="--results is a second run that found "
+                    "everything in the course cache: store it apart, for the Time blocks")
     rd.add_argument("--check", action="store_true", help="change nothing; exit 1 when a README "
                     "differs from its stored results or types a figure by hand")
     for k, v in PLUGINS.items():
@@ -357,7 +359,7 @@ def _check_figures(chosen: list[Unit]) -> int:
 
 # %% ../nbs/90_cli.ipynb #748af6f2
 def _readme(a, root: Path, units: list[Unit]) -> int:
-    "`course readme [UNIT|all] [--results PATH] [--check]`."
+    "`course readme [UNIT|all] [--results PATH [--cached]] [--check]`."
     if a.unit is None:
         if a.results or a.check:
             print("course readme: --results and --check need a unit", file=sys.stderr)
@@ -371,14 +373,21 @@ def _readme(a, root: Path, units: list[Unit]) -> int:
         return 2
     if a.check:
         return _check_figures(chosen)
+    if a.cached and a.results is None:
+        print("course readme: --cached says what --results is: give both", file=sys.stderr)
+        return 2
     if a.results is not None and len(chosen) > 1:
         print("course readme: --results is the run of one unit: name the unit", file=sys.stderr)
         return 2
     for u in chosen:
         has = (u.path/"README.md").is_file() and readme_regions((u.path/"README.md").read_text())
         if a.results is not None or has:
-            readme = write_figures(u, a.results, profile=a.profile, date=a.date,
-                                   machine=a.machine)
+            try:
+                readme = write_figures(u, a.results, a.cached, profile=a.profile, date=a.date,
+                                       machine=a.machine)
+            except ValueError as e:
+                print(f"course readme: {e}", file=sys.stderr)
+                return 2
             print(f"wrote {readme}")
         for nb in write_time_blocks(u):
             print(f"wrote {nb} (its Time block)")

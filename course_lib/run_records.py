@@ -15,10 +15,11 @@ from .units import (Unit, NotebookFailed, check_profiles, notebook_parameters,
 
 # %% auto #0
 __all__ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME', 'code_version', 'notebook_hash',
-           'machine_description', 'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'run_units',
-           'recorded_run', 'run_seconds', 'format_value', 'unit_bars', 'eval_bound', 'check_bars', 'is_gpu_run',
-           'stored_results', 'stored_runs', 'figures_region', 'bars_line', 'figure_cell', 'times_line', 'bars_report',
-           'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures', 'typed_times']
+           'machine_description', 'cache_files', 'cache_state', 'run_info', 'stamp_executed', 'stamp_matches',
+           'run_units', 'recorded_run', 'not_cached', 'run_seconds', 'format_value', 'unit_bars', 'eval_bound',
+           'check_bars', 'is_gpu_run', 'stored_results', 'stored_runs', 'figures_region', 'bars_line', 'figure_cell',
+           'times_line', 'bars_report', 'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures',
+           'typed_times']
 
 # %% ../nbs/08_run_records.ipynb #4ad7932e
 def code_version() -> str:
@@ -56,16 +57,23 @@ def machine_description() -> str:
 
 
 # %% ../nbs/08_run_records.ipynb #13353c66
-def cache_state(limit: int = 1000) -> str:
-    """The course cache (`core.cache_dir`) in words: `'empty'`, or `'N files'` (at most `limit`
-    counted, then `'over N files'`). A run's times depend on it: an empty cache trains what the
-    package does not ship."""
+def cache_files(limit: int | None = None) -> int:
+    """The number of files in the course cache (`core.cache_dir`), counting stops above `limit`."""
     from course_lib.core import cache_dir
     n = 0
     for _, _, files in os.walk(cache_dir(create=False)):
         n += len(files)
-        if n > limit:
-            return f"over {limit} files"
+        if limit is not None and n > limit:
+            break
+    return n
+
+def cache_state(limit: int = 1000) -> str:
+    """The course cache (`core.cache_dir`) in words: `'empty'`, or `'N files'` (at most `limit`
+    counted, then `'over N files'`). A run's times depend on it: an empty cache trains what the
+    package does not ship."""
+    n = cache_files(limit)
+    if n > limit:
+        return f"over {limit} files"
     return "empty" if n == 0 else f"{n} file{'s' if n > 1 else ''}"
 
 def run_info(profile: str) -> dict[str, Any]:
@@ -106,7 +114,8 @@ def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = 
     """Run `units` in order with `profile`, writing into `out`. Returns the exit code (0 ok, 1 a
     notebook failed). `notebooks`: run only these, with the profile of the one unit that lists them.
     Every unit's profiles are checked first (`check_profiles`): a typo stops the run at once. Writes
-    `run.json` (`run_info`) and stamps each executed notebook (`stamp_executed`)."""
+    `run.json` (`run_info`), stamps each executed notebook (`stamp_executed`) and keeps in
+    `timings.json` each notebook's status, seconds and `cache_added` (files it added to the cache)."""
     for u in units:
         check_profiles(u)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,6 +125,7 @@ def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = 
     todo = [(u, nb) for u in units for nb in (u.notebooks if notebooks is None else notebooks)]
     for i, (u, nb) in enumerate(todo, 1):
         echo(f"[{i}/{len(todo)}] {u.name}/{nb.name} ({profile}) ...", flush=True)
+        files0 = cache_files()
         try:
             ran = run_notebook(nb, out/u.name/nb.name, u.params(nb, profile), results=results,
                                artifacts=out/u.name/"artifacts"/nb.stem, timeout=timeout,
@@ -129,7 +139,7 @@ def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = 
             return 1
         stamp_executed(out/u.name/nb.name, nb, info, ran["params"])
         times[nb.stem] = {"status": "ok", "seconds": round(ran["seconds"], 2),
-                          "params": ran["params"]}
+                          "params": ran["params"], "cache_added": cache_files() - files0}
         _save_times(timings, times)
         echo(f"      ok in {ran['seconds']:.1f} s")
         if report := bars_report(u, profile, nb.stem, read_results(results).get(nb.stem, {})):
@@ -141,11 +151,14 @@ def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = 
 # %% ../nbs/08_run_records.ipynb #20794a0f
 RUN_KEYS = ("profile", "date", "machine")
 
-def recorded_run(unit: Unit, results: str | Path, **override) -> dict[str, Any]:
+def recorded_run(unit: Unit, results: str | Path, cached: bool = False,
+                 **override) -> dict[str, Any]:
     """`{profile, date, machine, ..., notebooks: {stem: {figure: value}}, seconds: {stem: s}}`: the
     figures of `unit`'s notebooks in `results` (a `results.json`, or the folder of a `course run`),
     with its `run.json`, and each notebook's wall time from `timings.json` (if there is one).
-    `override` gives run keys that `run.json` lacks. Raises `ValueError` naming what is missing."""
+    `override` gives run keys that `run.json` lacks. `cached`: the run is the unit's second run,
+    which found everything in the course cache (`run_was_cached`); it is marked `cached: True`.
+    Raises `ValueError` naming what is missing, or why a run said to be cached is not."""
     results = Path(results)
     results = results/"results.json" if results.is_dir() else results
     if not results.is_file():
@@ -169,7 +182,30 @@ def recorded_run(unit: Unit, results: str | Path, **override) -> dict[str, Any]:
                          f"(it has figures of {sorted(figures) or 'no notebook'})")
     run = {**info, "notebooks": notebooks}
     seconds = run_seconds(unit, results.parent/"timings.json")
+    if cached:
+        why = not_cached(unit, results.parent/"timings.json", info)
+        if why:
+            raise ValueError(f"{results.parent} is not a cached run: {why}")
+        run["cached"] = True
     return {**run, "seconds": seconds} if seconds else run
+
+def not_cached(unit: Unit, timings: Path, info: dict[str, Any]) -> str:
+    """Why the run of `unit` (its `timings.json` and `run.json` `info`) is not a cached run, or ''
+    when it is: the course cache was not empty at the start, every notebook of the unit ran to the
+    end and none added a file to the cache (`cache_added`). A cached run is the unit run a second
+    time; it is stored apart (`stored_results(..., cached=True)`) and gives the Time blocks a time."""
+    if info.get("cache", "empty") == "empty":
+        return "the course cache was empty at its start"
+    times = json.loads(timings.read_text()) if timings.is_file() else {}
+    for nb in unit.notebooks:
+        t = times.get(nb.stem, {})
+        if t.get("status") != "ok":
+            return f"{nb.stem} did not run to the end"
+        if "cache_added" not in t:
+            return f"its timings.json does not say what {nb.stem} added to the cache"
+        if t["cache_added"]:
+            return f"{nb.stem} added {t['cache_added']} file(s) to the course cache"
+    return ""
 
 def run_seconds(unit: Unit, timings: Path) -> dict[str, float]:
     "Wall seconds of each of `unit`'s notebooks that ran to the end, from a run's `timings.json`."
@@ -266,14 +302,18 @@ def is_gpu_run(run: dict[str, Any]) -> bool:
     "True when the machine of the recorded `run` (`machine_description`) names a GPU."
     return ", GPU " in run.get("machine", "")
 
-def stored_results(unit: Unit, profile: str, gpu: bool = False) -> Path:
+def stored_results(unit: Unit, profile: str, gpu: bool = False, cached: bool = False) -> Path:
     """Where the recorded run of `profile` that `unit`'s README shows is kept:
-    `results-PROFILE.json`, and a run on a GPU beside it in `results-PROFILE-gpu.json`."""
-    return unit.path/f"results-{profile}{'-gpu' if gpu else ''}.json"
+    `results-PROFILE.json`, a run on a GPU beside it in `results-PROFILE-gpu.json`, and a run that
+    found everything in the course cache (`not_cached`: the second run) in
+    `results-PROFILE[-gpu]-cached.json` (its times only: the README's figures are the first run's)."""
+    return unit.path/f"results-{profile}{'-gpu' if gpu else ''}{'-cached' if cached else ''}.json"
 
 def stored_runs(unit: Unit) -> list[tuple[str, dict[str, Any]]]:
-    "`(file name, run)` of each run stored beside `unit`'s `unit.toml`: quick, full, then GPU runs."
-    files = [stored_results(unit, p, gpu) for gpu in (False, True) for p in ("quick", "full")]
+    """`(file name, run)` of each run stored beside `unit`'s `unit.toml`: quick, full, then GPU runs,
+    each followed by its cached run."""
+    files = [stored_results(unit, p, gpu, c) for gpu in (False, True) for p in ("quick", "full")
+             for c in (False, True)]
     return [(f.name, json.loads(f.read_text())) for f in files if f.is_file()]
 
 # %% ../nbs/08_run_records.ipynb #53da08d4
@@ -377,16 +417,20 @@ def render_readme(unit: Unit, text: str, run: dict[str, Any] | None = None) -> s
 
 
 # %% ../nbs/08_run_records.ipynb #e56505a1
-def write_figures(unit: Unit, results: str | Path | None = None,
+def write_figures(unit: Unit, results: str | Path | None = None, cached: bool = False,
                   **override) -> Path:
     """Render `unit`'s README figures: from `results` (storing the `recorded_run` in
-    `results-PROFILE.json` first), or again from the stored results. Returns the README's path."""
+    `results-PROFILE.json` first; with `cached`, a second run that found everything in the cache,
+    checked by `recorded_run`, in `results-PROFILE-cached.json`, leaving the figures as they are), or
+    again from the stored results. Returns the README's path."""
     readme = unit.path/"README.md"
     run = None
     if results is not None:
-        run = recorded_run(unit, results, **override)
-        with atomic_write(stored_results(unit, run["profile"], is_gpu_run(run)), "w") as f:
+        run = recorded_run(unit, results, cached, **override)
+        with atomic_write(stored_results(unit, run["profile"], is_gpu_run(run), cached), "w") as f:
             f.write(json.dumps(run, indent=1, ensure_ascii=False) + "\n")
+        if cached:
+            run = None                 # a cached run gives the Time blocks a time, not the figures
     text = readme.read_text() if readme.is_file() else f"# {unit.title}\n"
     new = render_readme(unit, text, run)
     if new != text:

@@ -28,10 +28,14 @@ def cache_words(cache: str | None) -> str:
 
 def device_line(runs: list[dict[str, Any]], stem: str, device: str) -> str:
     """A line of a Time block: the wall time of notebook `stem` in each profile of `runs` (recorded
-    runs on one kind of `device`, 'CPU' or 'GPU'), the machine, and the cache at the start."""
+    runs on one kind of `device`, 'CPU' or 'GPU'), the machine, and the cache at the start; a cached
+    run (`run_records.not_cached`: everything already in the cache) adds its time in brackets."""
     if not runs:
         return f"On a {device}: not measured."
-    runs = {r["profile"]: r for r in runs}
+    again = {r["profile"]: r for r in runs if r.get("cached")}
+    runs = {r["profile"]: r for r in runs if not r.get("cached")}
+    if not runs:
+        return f"On a {device}: not measured from a cold cache."
     machines = {r["machine"] for r in runs.values()}
     caches = {cache_words(r.get("cache")) for r in runs.values()}
     parts = []
@@ -42,7 +46,9 @@ def device_line(runs: list[dict[str, Any]], stem: str, device: str) -> str:
             continue
         where = f" on {r['machine']}" if len(machines) > 1 else ""
         cache = f" ({cache_words(r.get('cache'))})" if len(caches) > 1 and r.get("cache") else ""
-        parts.append(f"{p} profile **{format_duration(r['seconds'][stem])}**{where}{cache}")
+        rerun = again.get(p, {}).get("seconds", {}).get(stem)
+        rerun = f" (run again, the cache full: **{format_duration(rerun)}**)" if rerun else ""
+        parts.append(f"{p} profile **{format_duration(r['seconds'][stem])}**{where}{cache}{rerun}")
     where = f" ({machines.pop()})" if len(machines) == 1 else ""
     each = "each " if len(runs) > 1 else ""
     cache = f", {each}{caches.pop()}" if len(caches) == 1 and "" not in caches else ""

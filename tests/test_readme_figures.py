@@ -169,3 +169,51 @@ def test_course_run_and_the_readme_say_which_bars_hold(tmp_path):
     text = (u.path / "README.md").read_text()
     assert "**0 of 2 met**.\n- missed: a: steps_seen = 3 misses the bar >= 4" in text
     assert "- missed: a: the notebook recorded no figure 'other'" in text and render_readme(u, text) == text
+
+
+def test_a_second_run_that_finds_everything_cached_is_stored_apart_and_timed(tmp_path):
+    """`course run` keeps how many files each notebook added to the course cache; a unit's run that added none to
+    a non-empty cache is its cached (second) run: `course readme --results RUN --cached` checks that, stores it in
+    results-PROFILE-cached.json, leaves the README's figures as the first run's, and the Time block gives its
+    time beside the first run's. A run that added files is refused as a cached run."""
+    from course_lib.time_blocks import time_block
+    u = tiny_unit(tmp_path / "proj", {})
+    nb = nbformat.read(tmp_path / "proj" / "nbs" / "a.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "from course_lib.core import cache_dir\n"
+        "p = cache_dir() / 'tiny' / 'model.bin'\n"
+        "if not p.exists():\n    p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(b'weights')"))
+    nbformat.write(nb, tmp_path / "proj" / "nbs" / "a.ipynb")
+    env = dict(os.environ, COURSE_LIB_ROOT=str(tmp_path / "proj"), COURSE_LIB_HOME=str(tmp_path / "home"))
+    cold, warm = tmp_path / "cold", tmp_path / "warm"
+    for out in (cold, warm):
+        r = course("run", "tiny", "--profile", "quick", "--out", str(out), env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((cold / "timings.json").read_text())["a"]["cache_added"] == 1
+    assert json.loads((warm / "timings.json").read_text())["a"]["cache_added"] == 0
+    assert "cached" not in recorded_run(u, cold) and recorded_run(u, warm, cached=True)["cached"] is True
+    with pytest.raises(ValueError, match="is not a cached run: the course cache was empty at its start"):
+        recorded_run(u, cold, cached=True)
+    (tmp_path / "home" / "tiny" / "model.bin").unlink()                    # the cache not empty, the model gone
+    (tmp_path / "home" / "other.txt").write_text("x")
+    rebuilt = tmp_path / "rebuilt"
+    assert course("run", "tiny", "--profile", "quick", "--out", str(rebuilt), env=env).returncode == 0
+    r = course("readme", "tiny", "--results", str(rebuilt), "--cached", env=env)
+    assert r.returncode == 2 and "is not a cached run: a added 1 file(s) to the course cache" in r.stderr
+    assert not stored_results(u, "quick", cached=True).exists()
+    assert course("readme", "tiny", "--results", str(cold), env=env).returncode == 0
+    readme = (u.path / "README.md").read_text()
+    first = stored_results(u, "quick").read_text()
+    r = course("readme", "tiny", "--results", str(warm), "--cached", env=env)
+    assert r.returncode == 0, r.stderr
+    assert stored_results(u, "quick").read_text() == first                  # the first run stays the README's
+    assert (u.path / "README.md").read_text() == readme
+    again = json.loads(stored_results(u, "quick", cached=True).read_text())
+    assert again["cached"] is True and again["cache"] == "1 file" and again["seconds"]["a"] > 0
+    block = time_block(u, "a")
+    secs = json.loads(first)["seconds"]["a"]
+    from course_lib.units import format_duration
+    assert (f"quick profile **{format_duration(secs)}** (run again, the cache full: "
+            f"**{format_duration(again['seconds']['a'])}**)") in block
+    assert "results-quick-cached.json" in block
+    assert course("readme", "tiny", "--check", env=env).returncode == 0
