@@ -67,6 +67,7 @@ def cache_files(limit: int | None = None) -> int:
             break
     return n
 
+# %% ../nbs/08_run_records.ipynb #13353c66b
 def cache_state(limit: int = 1000) -> str:
     """The course cache (`core.cache_dir`) in words: `'empty'`, or `'N files'` (at most `limit`
     counted, then `'over N files'`). A run's times depend on it: an empty cache trains what the
@@ -115,7 +116,7 @@ def run_units(units: list[Unit], profile: str, out: Path, timeout: int | None = 
     notebook failed). `notebooks`: run only these, with the profile of the one unit that lists them.
     Every unit's profiles are checked first (`check_profiles`): a typo stops the run at once. Writes
     `run.json` (`run_info`), stamps each executed notebook (`stamp_executed`) and keeps in
-    `timings.json` each notebook's status, seconds and `cache_added` (files it added to the cache)."""
+    `timings.json` each notebook's status, seconds and `cache_added` (files added to the cache)."""
     for u in units:
         check_profiles(u)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ def recorded_run(unit: Unit, results: str | Path, cached: bool = False,
     figures of `unit`'s notebooks in `results` (a `results.json`, or the folder of a `course run`),
     with its `run.json`, and each notebook's wall time from `timings.json` (if there is one).
     `override` gives run keys that `run.json` lacks. `cached`: the run is the unit's second run,
-    which found everything in the course cache (`run_was_cached`); it is marked `cached: True`.
+    which found everything in the course cache (`not_cached` says why not), marked `cached: True`.
     Raises `ValueError` naming what is missing, or why a run said to be cached is not."""
     results = Path(results)
     results = results/"results.json" if results.is_dir() else results
@@ -189,11 +190,12 @@ def recorded_run(unit: Unit, results: str | Path, cached: bool = False,
         run["cached"] = True
     return {**run, "seconds": seconds} if seconds else run
 
+# %% ../nbs/08_run_records.ipynb #20794a0fb
 def not_cached(unit: Unit, timings: Path, info: dict[str, Any]) -> str:
     """Why the run of `unit` (its `timings.json` and `run.json` `info`) is not a cached run, or ''
     when it is: the course cache was not empty at the start, every notebook of the unit ran to the
     end and none added a file to the cache (`cache_added`). A cached run is the unit run a second
-    time; it is stored apart (`stored_results(..., cached=True)`) and gives the Time blocks a time."""
+    time, stored apart (`stored_results(..., cached=True)`), and gives the Time blocks a time."""
     if info.get("cache", "empty") == "empty":
         return "the course cache was empty at its start"
     times = json.loads(timings.read_text()) if timings.is_file() else {}
@@ -306,12 +308,12 @@ def stored_results(unit: Unit, profile: str, gpu: bool = False, cached: bool = F
     """Where the recorded run of `profile` that `unit`'s README shows is kept:
     `results-PROFILE.json`, a run on a GPU beside it in `results-PROFILE-gpu.json`, and a run that
     found everything in the course cache (`not_cached`: the second run) in
-    `results-PROFILE[-gpu]-cached.json` (its times only: the README's figures are the first run's)."""
+    `results-PROFILE[-gpu]-cached.json` (its times only: the figures are the first run's)."""
     return unit.path/f"results-{profile}{'-gpu' if gpu else ''}{'-cached' if cached else ''}.json"
 
 def stored_runs(unit: Unit) -> list[tuple[str, dict[str, Any]]]:
-    """`(file name, run)` of each run stored beside `unit`'s `unit.toml`: quick, full, then GPU runs,
-    each followed by its cached run."""
+    """`(file name, run)` of each run stored beside `unit`'s `unit.toml`: quick, full, then GPU
+    runs, each followed by its cached run."""
     files = [stored_results(unit, p, gpu, c) for gpu in (False, True) for p in ("quick", "full")
              for c in (False, True)]
     return [(f.name, json.loads(f.read_text())) for f in files if f.is_file()]
@@ -420,9 +422,9 @@ def render_readme(unit: Unit, text: str, run: dict[str, Any] | None = None) -> s
 def write_figures(unit: Unit, results: str | Path | None = None, cached: bool = False,
                   **override) -> Path:
     """Render `unit`'s README figures: from `results` (storing the `recorded_run` in
-    `results-PROFILE.json` first; with `cached`, a second run that found everything in the cache,
-    checked by `recorded_run`, in `results-PROFILE-cached.json`, leaving the figures as they are), or
-    again from the stored results. Returns the README's path."""
+    `results-PROFILE.json` first, or with `cached` a second run that found everything in the
+    cache, checked by `recorded_run`, in `results-PROFILE-cached.json`, leaving the figures as they
+    are), or again from the stored results. Returns the README's path."""
     readme = unit.path/"README.md"
     run = None
     if results is not None:

@@ -28,7 +28,7 @@ def cache_words(cache: str | None) -> str:
 
 def device_line(runs: list[dict[str, Any]], stem: str, device: str) -> str:
     """A line of a Time block: the wall time of notebook `stem` in each profile of `runs` (recorded
-    runs on one kind of `device`, 'CPU' or 'GPU'), the machine, and the cache at the start; a cached
+    runs on one kind of `device`, 'CPU' or 'GPU'), the machine, and the cache at the start. A cached
     run (`run_records.not_cached`: everything already in the cache) adds its time in brackets."""
     if not runs:
         return f"On a {device}: not measured."
