@@ -91,6 +91,39 @@ def test_pause_resume_continue_with_previews(st):
     assert {r["run"]: r["state"] for r in st.runs()} == {"u1": "done", "f1": "done"}
 
 
+def test_flux_pause_resume_continue_with_previews(tmp_path, digits):
+    """Unit 7's trainer through the studio: a run paused mid-way and resumed goes on from its checkpoint (every
+    step once in the history, the losses before the pause kept), and a finished run continues with more steps,
+    its previews every N steps."""
+    s = Studio(tmp_path/"s", tiny_bases())
+    s.add_images(digits)
+    s.set_captions({n: "sks seven" for n in s.captions()})
+    s.start("flux", "fp", {**FLUX, "steps": 400, "trigger": "sks"})
+    t0 = time.time()
+    while s.status().get("step", 0) < 3 and time.time() - t0 < 120: time.sleep(0.1)
+    s.pause()
+    s.wait()
+    first = s.run_info("fp")
+    assert first["state"] == "paused" and first["trainer"] == "flux"
+    n = int(first["steps"].split("/")[0])
+    assert 2 <= n < 400 and first["steps"].endswith("/400")
+    s.resume("fp")
+    t0 = time.time()
+    while s.status().get("step", 0) < n + 2 and time.time() - t0 < 120: time.sleep(0.1)
+    s.pause()
+    s.wait()
+    h = s.run_info("fp")["history"]
+    assert [r["step"] for r in h] == list(range(1, len(h) + 1)) and len(h) >= n + 2     # no step lost or repeated
+    assert [r["loss"] for r in h[:n]] == [r["loss"] for r in first["history"][:n]]
+    s.start("flux", "fc", {**FLUX, "steps": 2, "trigger": "sks"}, preview_every=2)
+    s.wait()
+    s.continue_run("fc", 2)
+    s.wait()
+    info = s.run_info("fc")
+    assert info["state"] == "done" and info["steps"] == "4/4" and [r["step"] for r in info["history"]] == [1, 2, 3, 4]
+    assert {"step_000002.png", "step_000004.png"} <= {p.name for p in s.previews("fc")}
+
+
 def test_one_trainer_at_a_time(st):
     st.start("unet", "u2", {**UNET, "steps": 400, "preview_every": 0})
     try:
