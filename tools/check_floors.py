@@ -176,16 +176,13 @@ def extra_modules() -> set[str]:
     return names
 
 
-FAILURES: list[tuple[str, str]] = []     # (test id, its failure text), filled by run_tests
-
-
-def run_tests(py: Path, env, files, log: Path) -> dict[str, tuple[int, int]]:
-    "pytest on `files`: {file: (passed-or-skipped, failed-or-error)}; each failure's test and message go in `FAILURES`."
+def run_tests(py: Path, env, files, log: Path) -> tuple[dict[str, tuple[int, int]], list[tuple[str, str]]]:
+    "pytest on `files`: ({file: (passed-or-skipped, failed-or-error)}, [(failed test id, its message)])."
     xml = log.with_suffix(".junit.xml")
     xml.unlink(missing_ok=True)
     _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
           *[f"--deselect={d}" for d in DESELECT], *files], log, env=env, cwd=ROOT)
-    res = {f: [0, 0] for f in files}
+    res, failures = {f: [0, 0] for f in files}, []
     if xml.exists():
         for case in ET.parse(xml).iter("testcase"):
             f = case.get("file") or "tests/" + case.get("classname", "").split(".")[1] + ".py"
@@ -193,10 +190,10 @@ def run_tests(py: Path, env, files, log: Path) -> dict[str, tuple[int, int]]:
             bad = [c for c in case if c.tag in ("failure", "error")]
             if f in res: res[f][bool(bad)] += 1
             for c in bad:
-                FAILURES.append((f"{f}::{case.get('name')}", (c.get("message") or "") + "\n" + (c.text or "")))
+                failures.append((f"{f}::{case.get('name')}", (c.get("message") or "") + "\n" + (c.text or "")))
     for f, (ok, bad) in res.items():
         if ok + bad == 0: res[f] = [0, 1]          # nothing ran (collection error): a failure
-    return {f: tuple(v) for f, v in res.items()}
+    return {f: tuple(v) for f, v in res.items()}, failures
 
 
 def main(argv=None) -> int:
@@ -220,7 +217,7 @@ def main(argv=None) -> int:
     have = installed(py, [*FLOOR_PACKAGES, *TORCH_PINS])
     bad_imports = import_all(py, env)
     files = list(dict.fromkeys([f for p in FLOOR_PACKAGES for f in TESTS[p]] + EXTRA_TESTS))
-    res = run_tests(py, env, files, log)
+    res, failures = run_tests(py, env, files, log)
     rows, ok = [], not bad_imports
     for n in [*FLOOR_PACKAGES, *TORCH_PINS]:
         want = pins.get(n, TORCH_PINS.get(n))
@@ -243,7 +240,7 @@ def main(argv=None) -> int:
     n_ok, n_bad = sum(v[0] for v in res.values()), sum(v[1] for v in res.values())
     print(f"tests: {n_ok} passed/skipped, {n_bad} failed in {len(files)} files"
           + "".join(f"\n  FAILED in {f}: {v[1]}" for f, v in res.items() if v[1]))
-    for name, text in FAILURES:     # the log goes with the temporary folder: what failed is printed here
+    for name, text in failures:     # the log goes with the temporary folder: what failed is printed here
         print(f"\n--- {name}\n" + "\n".join(text.strip().splitlines()[-40:]))
     print(f"time: {time.monotonic() - t0:.0f} s ({t_install:.0f} s installing); log: {log}")
     print("OK: the floors in settings.ini pass" if ok else "FAIL: see above and the log")
