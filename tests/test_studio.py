@@ -141,6 +141,84 @@ def test_one_trainer_at_a_time(st):
     assert "eta" not in status_text(st.status()).lower()
 
 
+def _tiny_unet_in_the_studio_only():
+    "A unit 4 base that loads in the test's process and fails in any other (a trainer process)."
+    if os.getpid() != int(os.environ["STUDIO_TEST_PARENT"]): raise RuntimeError("no weights in this process")
+    return tiny_bases()[0].load()
+
+
+def _state(pid: int) -> str | None:
+    "The process's state letter (R, S, Z...), None once it is gone."
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError): return None
+
+
+def test_runs_train_in_a_process_of_their_own(tmp_path, digits, monkeypatch):
+    """Each run trains in a new Python process (its main thread: a trainer thread beside the page's would run
+    PyTorch slower on a CPU), which ends with the run; its stderr is the run's train.log; a base that cannot
+    reach such a process, or fails there, is named in a message; train_in='thread' keeps the old way."""
+    from course_lib.studio import StudioBase
+    with pytest.raises(ValueError, match="train_in must be 'process' or 'thread', got 'gpu'"):
+        Studio(tmp_path/"x", tiny_bases(), train_in="gpu")
+    s = Studio(tmp_path/"s", tiny_bases())
+    s.add_images(digits)
+    s.set_captions({n: "a photo of sks digit" for n in s.captions()})
+    s.start("unet", "p", {**UNET, "steps": 3})
+    done = s.wait()
+    assert done["state"] == "done" and done["pid"] != os.getpid()
+    pid = done["pid"]
+    assert (s.root/"runs"/"p"/"train.log").is_file() and _state(pid) is None        # waited for, not a zombie
+    assert [r["step"] for r in s.run_info("p")["history"]] == [1, 2, 3]
+    unet = tiny_bases()[0]
+    lam = StudioBase("unet", unet.key, lambda: unet.load(), unet.image_size)
+    bad = Studio(tmp_path/"l", [lam])
+    bad.add_images(digits[:2])
+    bad.set_captions({n: "a photo of sks digit" for n in bad.captions()})
+    with pytest.raises(ValueError, match="cannot be sent to a training process.*train_in='thread'"):
+        bad.start("unet", "l", {**UNET, "steps": 2})
+    assert bad.running is False and not (bad.root/"runs"/"l").exists()
+    main_fn = lambda: unet.load()
+    main_fn.__module__, main_fn.__qualname__ = "__main__", "load_my_base"
+    m = Studio(tmp_path/"m", [StudioBase("unet", unet.key, main_fn, unet.image_size)])
+    m.add_images(digits[:2])
+    m.set_captions({n: "a photo of sks digit" for n in m.captions()})
+    with pytest.raises(ValueError, match="'load_my_base' is defined in __main__"):
+        m.start("unet", "m", {**UNET, "steps": 2})
+    t = Studio(tmp_path/"t", [lam], train_in="thread")
+    t.add_images(digits[:2])
+    t.set_captions({n: "a photo of sks digit" for n in t.captions()})
+    t.start("unet", "t", {**UNET, "steps": 2})
+    assert t.wait()["state"] == "done" and "pid" not in t.status()
+    monkeypatch.setenv("STUDIO_TEST_PARENT", str(os.getpid()))
+    f = Studio(tmp_path/"f", [StudioBase("unet", unet.key, _tiny_unet_in_the_studio_only, unet.image_size)])
+    f.add_images(digits[:2])
+    f.set_captions({n: "a photo of sks digit" for n in f.captions()})
+    f.start("unet", "f", {**UNET, "steps": 2})
+    s = f.wait()
+    assert s["state"] == "error" and "RuntimeError: no weights in this process" in s["error"]
+    assert "no weights in this process" in (f.root/"runs"/"f"/"train.log").read_text()
+    f.start("unet", "f2", {**UNET, "steps": 1})                       # the lock was given back
+    f.wait()
+
+
+def test_loss_frame_is_the_running_mean_of_each_loss():
+    import numpy as np, pandas as pd
+    from course_lib.studio import loss_frame
+    rng = np.random.default_rng(0)
+    h = [{"step": i + 1, "loss": float(a), "concept_loss": float(b), "prior_loss": float(c)}
+         for i, (a, b, c) in enumerate(rng.random((1000, 3)))]
+    df = loss_frame(h)
+    assert list(df.columns) == ["step", "loss", "series"] and set(df.series) == {"loss", "concept_loss", "prior_loss"}
+    for k in ("loss", "concept_loss", "prior_loss"):
+        part = df[df.series == k]
+        ref = pd.Series([r[k] for r in h], index=[r["step"] for r in h]).rolling(25).mean()
+        assert 390 <= len(part) <= 400 and part.step.iloc[0] == 25 and part.step.iloc[-1] == 1000
+        np.testing.assert_allclose(part.loss.to_numpy(), ref.loc[part.step].to_numpy(), rtol=1e-12)
+    flux = loss_frame([{"step": i + 1, "loss": 1.0 / (i + 1)} for i in range(10)])
+    assert set(flux.series) == {"loss"} and len(flux) == 1 and flux.loss.iloc[0] == pytest.approx(np.mean(1 / np.arange(1, 11)))
+    assert loss_frame([]).empty
+
+
 def test_presets_refuse_unknown_keys_and_other_sizes(st, tmp_path):
     from course_lib.lora_command import LoRATrainConfig
     p = st.save_preset("unet", {"rank": 4, "lr": 1e-3, "target_modules": "to_q, to_k"}, "mine")
@@ -257,8 +335,9 @@ def test_client_train_pause_resume_export_generate(server, digits):
     assert "one trainer at a time" in busy
     t0 = time.time()
     while demo.studio.status().get("step", 0) < 3 and time.time() - t0 < 60: time.sleep(0.2)
-    status = c.predict(api_name="/status")[0]
+    status, curve = c.predict(api_name="/status")[:2]
     assert status.startswith("web-1 (unet): training, step") and "ETA" in status and "MB" in status
+    assert curve["columns"] == ["step", "loss", "series"] and {r[2] for r in curve["data"]} >= {"loss"}
     assert c.predict(api_name="/pause").startswith("pausing web-1")
     demo.studio.wait()
     assert "paused" in c.predict(api_name="/status")[0]
@@ -342,6 +421,16 @@ def _serve(root: Path, port: int):
     raise AssertionError("the studio server did not start in 120 s")
 
 
+def _children(pid: int) -> list[int]:
+    "The processes whose parent is `pid` (from /proc)."
+    out = []
+    for st in Path("/proc").glob("[0-9]*/stat"):
+        try: f = st.read_text().rsplit(")", 1)[1].split()
+        except OSError: continue
+        if int(f[1]) == pid: out.append(int(st.parent.name))
+    return out
+
+
 def test_sigkill_mid_run_then_restart_resumes(tmp_path, digits):
     from gradio_client import Client
     from course_lib.core import load_checkpoint
@@ -358,9 +447,14 @@ def test_sigkill_mid_run_then_restart_resumes(tmp_path, digits):
         t0 = time.time()
         while not ck.is_file() and time.time() - t0 < 120: time.sleep(0.2)
         assert ck.is_file(), "no checkpoint after 120 s"
+        trainers = _children(p.pid)
+        assert len(trainers) == 1, trainers                     # the run trains in a process of its own
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
+    t0 = time.time()                  # the server gone, its trainer checkpoints after its step and exits
+    while _state(trainers[0]) not in (None, "Z") and time.time() - t0 < 60: time.sleep(0.2)
+    assert _state(trainers[0]) in (None, "Z"), "the trainer outlived its studio by 60 s"
     step = load_checkpoint(ck)[0]["step"]
     assert step >= 25 and (root/"runs"/"killed"/"preset.json").is_file()
     p = _serve(root, port)
