@@ -40,8 +40,8 @@ class StudioBase:
 
 def default_bases() -> list[StudioBase]:
     """The course's own base models, from the course cache (trained there on first use): unit 4's
-    `load_base()` and unit 7's `load_flux_mini()`. Their `load` is a `functools.partial` of a library
-    function, so that a training process can load the base itself (see `Studio.start`)."""
+    `load_base()` and unit 7's `load_flux_mini()`. Their `load` is a `functools.partial` of a
+    library function, so that a training process can load the base itself (see `Studio.start`)."""
     from course_lib.flux_io import FluxMiniConfig
     from course_lib.flux_train import load_flux_mini
     from course_lib.lora_base import base_config, load_base
@@ -142,7 +142,7 @@ class Studio:
     `train_in`: where a run trains. 'process' (the default): a Python process of its own per run,
     which trains in its main thread as `course lora train` does, leaves the page responsive, and
     checkpoints and stops when the studio goes away. 'thread': a background thread of this process,
-    for bases whose `load` cannot pickle; on a CPU it trains slower (`benchmarks/studio.py`,
+    for bases whose `load` cannot pickle: on a CPU it trains slower (`benchmarks/studio.py`,
     `benchmarks/omp_threads.py`: two threads running PyTorch slow each other down)."""
     def __init__(self, root: str | os.PathLike, bases: Sequence[StudioBase] | None = None,
                  judges: dict | None = None, train_in: str = "process"):
@@ -337,7 +337,7 @@ def start(self, trainer: str, name: str, config, preview_every: int = 0,
           preview_prompts: Sequence[str] = ()) -> None:
     """Train run `name` with `config` (a `LoRATrainConfig` / `FluxLoRAConfig`, or a dict of form
     values) in a process of its own (`train_in='process'`) or a background thread: a new run, or the
-    run resumed from its checkpoint. Returns at once; `status()` follows it, `wait()` joins it.
+    run resumed from its checkpoint. Returns at once: `status()` follows it, `wait()` joins it.
     Raises `ValueError` for bad input (a base whose loader cannot reach a training process
     included) and `RuntimeError` while another run trains (here or in another process on the same
     `root`)."""
@@ -431,6 +431,7 @@ def _lock_fd(lock) -> int | None:
     "The file descriptor behind a held `filelock.FileLock` (None if this version hides it)."
     return getattr(getattr(lock, "_context", None), "lock_file_fd", None)
 
+# %% ../nbs/83_studio.ipynb #c11eba0b
 @patch_to(Studio)
 def _train(self, trainer: str, name: str, cfg, meta: dict, job: bytes | None = None) -> None:
     d = self.root/"runs"/name
@@ -448,10 +449,11 @@ def _train(self, trainer: str, name: str, cfg, meta: dict, job: bytes | None = N
         self._proc = None
         if self._flock is not None: self._flock.release()
 
+# %% ../nbs/83_studio.ipynb #15e186ca
 @patch_to(Studio)
 def _train_process(self, trainer: str, d: Path, cfg, meta: dict, job: bytes) -> None:
     """Run `train_worker` in a new Python process: send it the job, read its step lines into
-    `live`. Its stderr goes to `d/train.log`; it holds the trainer lock's descriptor too, so the
+    `live`. Its stderr goes to `d/train.log`, and it holds the trainer lock's descriptor too, so the
     lock outlives this process until the trainer has checkpointed and exited."""
     payload = pickle.dumps({"trainer": trainer, "base": pickle.loads(job), "cfg": cfg,
                             "meta": meta, "images_dir": self.images_dir, "run_dir": d})
@@ -484,6 +486,7 @@ def _train_process(self, trainer: str, d: Path, cfg, meta: dict, job: bytes) -> 
                            f"(see {d/'train.log'}): {' | '.join(tail)}")
     self.live.update(state=end["state"], error=end.get("error"))
 
+# %% ../nbs/83_studio.ipynb #f945bb9e
 def _ask_stop(p: subprocess.Popen) -> None:
     "Tell a training process to checkpoint and stop after its current step."
     try:
@@ -491,12 +494,32 @@ def _ask_stop(p: subprocess.Popen) -> None:
         p.stdin.flush()
     except (OSError, ValueError): pass               # it has just ended
 
+class _StepLines:
+    """`train_run`'s `on_step` in a training process: the rows as JSON lines on `out`, at most one
+    line every `every` seconds (fewer wake-ups of the studio, which shares the cores). A write that
+    fails (nobody reads: the studio is gone) sets `stop`: the run checkpoints and stops."""
+    def __init__(self, out, stop: threading.Event, every: float = 0.2):
+        self.out, self.stop, self.every, self.rows, self.last = out, stop, every, [], 0.0
+
+    def send(self, msg: dict) -> None:
+        try: self.out.write(json.dumps(msg) + "\n")
+        except OSError: self.stop.set()
+
+    def flush(self) -> None:
+        if self.rows: self.send({"rows": self.rows, "memory": memory_bytes()})
+        self.rows, self.last = [], time.monotonic()
+
+    def __call__(self, row: dict) -> None:
+        self.rows.append(row)
+        if time.monotonic() - self.last >= self.every or self.stop.is_set(): self.flush()
+
+# %% ../nbs/83_studio.ipynb #3890ce60
 def train_worker() -> None:
     """The training process of `Studio.start`: reads a length line and the pickled job from stdin,
     loads the base and trains in its main thread (`train_run`), writes JSON lines of the steps'
-    rows (at most one line every 0.2 s, and one at the end: done, paused or error) to stdout; whatever else it prints goes to stderr. A line
-    'stop' on stdin, or stdin closed (the studio gone, even killed), stops it after the current
-    step, checkpointed."""
+    rows to stdout (`_StepLines`, and one line at the end: done, paused or error), and whatever
+    else it prints to stderr. A line 'stop' on stdin, or stdin closed (the studio gone, even
+    killed), stops it after the current step, checkpointed."""
     import traceback
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)                                    # prints to stderr: stdout carries the lines
@@ -507,26 +530,16 @@ def train_worker() -> None:
             if line.strip() == b"stop": break
         stop.set()
     threading.Thread(target=watch, daemon=True).start()
-    rows, last = [], [0.0]
-    def send(msg: dict):
-        try: out.write(json.dumps(msg) + "\n")
-        except OSError: stop.set()                   # nobody reads: checkpoint and stop
-    def flush():
-        if rows: send({"rows": rows[:], "memory": memory_bytes()})
-        rows.clear()
-        last[0] = time.monotonic()
-    def on_step(row: dict):                          # a line at most every 0.2 s: fewer wake-ups of
-        rows.append(row)                             # the studio, which shares the cores
-        if time.monotonic() - last[0] >= 0.2 or stop.is_set(): flush()
+    lines = _StepLines(out, stop)
     try:
-        model = job["base"].load()
-        stopped = train_run(job["trainer"], model, job["images_dir"], job["run_dir"], job["cfg"],
-                            job["meta"], job["base"].image_size, stop, on_step)
-        flush()
-        send({"state": "paused" if stopped else "done"})
+        b = job["base"]
+        stopped = train_run(job["trainer"], b.load(), job["images_dir"], job["run_dir"],
+                            job["cfg"], job["meta"], b.image_size, stop, lines)
+        lines.flush()
+        lines.send({"state": "paused" if stopped else "done"})
     except Exception as e:
         traceback.print_exc()
-        send({"state": "error", "error": f"{type(e).__name__}: {e}"})
+        lines.send({"state": "error", "error": f"{type(e).__name__}: {e}"})
 
 # %% ../nbs/83_studio.ipynb #1f3b4c8a
 @patch_to(Studio)
@@ -916,18 +929,20 @@ def _train_tab(st: Studio, gr) -> dict:
     ui["groups"] = [ui["forms"][t][0] for t in TRAINERS]
     return ui
 
+# %% ../nbs/83_studio.ipynb #c0b8b436
 def loss_frame(history: Sequence[dict], window: int = 25, points: int = 400):
     """The live loss curve's data: a long `pandas.DataFrame` (columns step, loss, series) of the
     running mean over `window` steps of each loss in `history` (as `loss_figure` draws them), at
-    most `points` rows per series. The page draws it in the browser (`gr.LinePlot`), so a tick
-    of the page costs the server about a millisecond instead of a matplotlib figure's (about 85 ms on 2 CPU cores)."""
+    most `points` rows per series. The page draws it in the browser (`gr.LinePlot`): a tick of
+    the page costs the server about a millisecond here, a matplotlib figure about 85 ms."""
     import numpy as np, pandas as pd
     parts = []
     for k in ("loss", "concept_loss", "prior_loss"):
         if not history or not all(k in r for r in history): continue
         v = np.array([r[k] for r in history], dtype=float)
         w = min(window, len(v))
-        m, s = np.convolve(v, np.ones(w) / w, "valid"), np.array([r["step"] for r in history])[w - 1:]
+        m = np.convolve(v, np.ones(w) / w, "valid")
+        s = np.array([r["step"] for r in history])[w - 1:]
         keep = np.unique(np.linspace(0, len(m) - 1, min(points, len(m))).round().astype(int))
         parts.append(pd.DataFrame({"step": s[keep], "loss": m[keep], "series": k}))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
