@@ -11,7 +11,10 @@ and settings, each in its own fresh process, as a learner runs them:
 Runs alternate (headless, studio, headless, ...); the figures are the medians over `--repeat` pairs.
 
     python benchmarks/studio.py                  # the small untrained bases of tests/test_studio.py, ~2 minutes
-    python benchmarks/studio.py --steps 200 --repeat 3
+    python benchmarks/studio.py --steps 1000 --repeat 7    # ~13 minutes on 2 cores
+
+On 2 CPU cores one run of either side varies by about 10% from the next (measured: headless unit 4 from 42 to
+58 steps/s over 12 runs), so take several repeats before reading the ratio.
 
 Target: the studio at most 5% below the headless trainer (the ratio printed is studio / headless). Run it alone:
 other processes on the cores change the figures. Why both sides get a process of their own:
