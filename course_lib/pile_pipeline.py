@@ -4,7 +4,7 @@
 
 # %% ../nbs/69a_pile_pipeline.ipynb #de48d654
 from __future__ import annotations
-import contextlib, json, os, shutil, sys
+import contextlib, json, os, shutil, sys, warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -398,9 +398,20 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
                     work/"removed/minhash-dedup", "minhash-dedup", "near duplicate")), final])]
 
 # %% ../nbs/69a_pile_pipeline.ipynb #51fc4f19
+def _start_method() -> str:
+    """How the local executor starts its worker processes: 'fork' on Linux (a worker is a copy of
+    this process, nothing imported again), else datatrove's default 'forkserver' ('spawn' where
+    there is none). Measured in `benchmarks/pile_clean.py`: with forkserver each worker of each
+    stage imports datatrove and this module again (about 0.5 s), which halved what a second worker
+    bought on the mini-Pile."""
+    import multiprocess
+    methods = multiprocess.get_all_start_methods()
+    if sys.platform.startswith("linux") and "fork" in methods: return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
 def _executor(kind: str, steps: list, tasks: int, workers: int, logging_dir: str):
     kw = dict(tasks=tasks, workers=max(1, min(workers, tasks)), logging_dir=logging_dir)
-    if kind == "local": return LocalPipelineExecutor(steps, **kw)
+    if kind == "local": return LocalPipelineExecutor(steps, start_method=_start_method(), **kw)
     if kind == "ray":
         from datatrove.executor import RayPipelineExecutor
         return RayPipelineExecutor(steps, cpus_per_task=1, mem_per_cpu_gb=0.5, **kw)
@@ -418,7 +429,11 @@ def run_pipeline(stages: list[Stage], logging_dir, tasks: int = 1, workers: int 
         with (open(os.devnull, "w") as null,
               contextlib.redirect_stderr(null if quiet else sys.stderr)):
             setup_default_logger()   # loguru's console sink: to where stderr now goes
-            try: ex.run()
+            try:
+                with warnings.catch_warnings():   # Python 3.12+: fork() beside threads warns
+                    warnings.filterwarnings("ignore", "This process .* is multi-threaded",
+                                            DeprecationWarning)
+                    ex.run()
             finally: setup_default_logger()
         setup_default_logger()   # and back to the real stderr
         if missing := ex.get_incomplete_ranks(range(n), skip_completed=True):

@@ -235,3 +235,30 @@ def test_cli_clean(tmp_path, capsys):
     assert shard_bytes(out) == first                  # the same settings: a finished run, resumed
     assert pile_main(["clean", str(d), str(out), "--tasks", "3"]) == 2   # other settings: refused
     assert "not a previous run" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_local_workers_are_forked_copies(tmp_path, monkeypatch):
+    """On Linux the local executor's workers start as copies of this process (fork): they see what
+    this process holds, and import nothing again (with datatrove's default fork server, every worker
+    of every stage imported datatrove and this module again, about 0.5 s each)."""
+    import course_lib.pile_pipeline as pp
+    from datatrove.pipeline.base import PipelineStep
+
+    class Mark(PipelineStep):
+        name = "mark"
+        def __init__(self, folder):
+            super().__init__()
+            self.folder = str(folder)
+        def run(self, data=None, rank=0, world_size=1):
+            import course_lib.pile_pipeline as m
+            Path(self.folder, f"{rank}.json").write_text(json.dumps(
+                {"pid": os.getpid(), "mark": getattr(m, "_TEST_MARK", None)}))
+            yield from data or ()
+
+    monkeypatch.setattr(pp, "_TEST_MARK", "set in the parent", raising=False)
+    (tmp_path/"marks").mkdir()
+    run_pipeline([pp.Stage("mark", [Mark(tmp_path/"marks")])], tmp_path/"logs", tasks=2, workers=2)
+    seen = [json.loads((tmp_path/"marks"/f"{r}.json").read_text()) for r in range(2)]
+    assert all(s["pid"] != os.getpid() for s in seen), seen   # ran in worker processes
+    assert [s["mark"] for s in seen] == ["set in the parent"] * 2, seen
