@@ -4,11 +4,13 @@ and settings, each in its own fresh process, as a learner runs them:
 
 - headless: a Python process that calls the trainer in its main thread (a notebook, `course lora train`);
 - studio: a `course studio` server (`build_studio(...).launch()` on 127.0.0.1) driven as the page drives it:
-  `/start` (through Gradio's own client), then `/status` over HTTP once a second, as the page's timer sends it
-  (it returns the status line and the live loss curve's data), until the run is done. The run trains in a
+  `/start` (through Gradio's own client), then `/status` over HTTP every `STATUS_EVERY_S` seconds with the page's
+  session, as the page's timer sends it (it returns the status line and the live loss curve's data), until the run
+  is done. The run trains in a
   process of its own (`Studio(train_in='process')`).
 
-Runs alternate (headless, studio, headless, ...); the figures are the medians over `--repeat` pairs.
+Runs alternate (headless, studio, headless, ...); the figures are the medians over `--repeat` pairs. Also printed:
+the CPU a served studio uses while idle (no run, no page), which the training process shares the cores with.
 
     python benchmarks/studio.py                  # the small untrained bases of tests/test_studio.py, ~2 minutes
     python benchmarks/studio.py --steps 1000 --repeat 7    # ~13 minutes on 2 cores
@@ -20,7 +22,7 @@ Target: the studio at most 5% below the headless trainer (the ratio printed is s
 other processes on the cores change the figures. Why both sides get a process of their own:
 `benchmarks/omp_threads.py` shows that two threads running PyTorch in one process slow each other down on a
 CPU, which a learner meets only by training in a notebook while a studio runs in the same kernel."""
-import argparse, json, os, socket, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, socket, statistics, subprocess, sys, tempfile, time, uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -89,11 +91,44 @@ def form(trainer: str, steps: int) -> list:
     return list(vals.values())
 
 
-def _status(session, port: int) -> str:
-    "The page's `/status` call over HTTP (what the browser's timer sends: no Gradio client in between)."
-    r = session.post(f"http://127.0.0.1:{port}/gradio_api/run/status", json={"data": []}, timeout=30)
+def _status(session, port: int, session_hash: str) -> str:
+    """The page's `/status` call over HTTP, as the browser's timer sends it: no Gradio client in between, and the
+    page's `session_hash` (without one, Gradio builds the whole page's session state again for every call, which
+    more than doubled the server's CPU time a call: 20 ms against 9 ms here)."""
+    r = session.post(f"http://127.0.0.1:{port}/gradio_api/run/status",
+                      json={"data": [], "session_hash": session_hash}, timeout=30)
     r.raise_for_status()
     return r.json()["data"][0]
+
+
+def serve(work: Path):
+    "`(process, port)`: a studio server on 127.0.0.1 (`--child serve`), once it accepts connections."
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    p = subprocess.Popen([sys.executable, str(HERE), "--child", "serve", "--work", str(work), "--port", str(port)],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    t0 = time.time()
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1): return p, port
+        except OSError:
+            if p.poll() is not None: raise RuntimeError(p.stderr.read().decode()[-2000:])
+            if time.time() - t0 > 120: raise RuntimeError("the studio did not start in 120 s")
+            time.sleep(0.3)
+
+
+def idle_cpu(work: Path, seconds: float = 5.0) -> float:
+    "Percent of one core that a served studio uses while nobody uses it (nothing trains, no page polls)."
+    import psutil
+    p, _ = serve(work)
+    try:
+        time.sleep(2)
+        proc = psutil.Process(p.pid)
+        c0 = sum(proc.cpu_times()[:2]); time.sleep(seconds)
+        return 100 * (sum(proc.cpu_times()[:2]) - c0) / seconds
+    finally:
+        p.kill()
+        p.wait()
 
 
 def run_studio(trainer: str, steps: int, work: Path, values: list) -> float:
@@ -101,24 +136,14 @@ def run_studio(trainer: str, steps: int, work: Path, values: list) -> float:
     import requests
     from gradio_client import Client
     from course_lib.core import load_checkpoint
-    port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    p = subprocess.Popen([sys.executable, str(HERE), "--child", "serve", "--work", str(work), "--port", str(port)],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    from course_lib.studio import STATUS_EVERY_S
+    p, port = serve(work)
     try:
-        t0 = time.time()
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1): break
-            except OSError:
-                if p.poll() is not None: raise RuntimeError(p.stderr.read().decode()[-2000:])
-                if time.time() - t0 > 120: raise RuntimeError("the studio did not start in 120 s")
-                time.sleep(0.3)
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
         msg = c.predict(trainer, "bench", 0, *values, api_name="/start")
         if not msg.startswith("started"): raise RuntimeError(msg)
-        poll = requests.Session()         # the page's 1 s timer, as the browser sends it (queue=False)
-        while not any(w in (s := _status(poll, port)) for w in (": done", "error")): time.sleep(1.0)
+        poll, page = requests.Session(), uuid.uuid4().hex[:10]   # the page's timer (queue=False), its session
+        while not any(w in (s := _status(poll, port, page)) for w in (": done", "error")): time.sleep(STATUS_EVERY_S)
         if "error" in s: raise RuntimeError(s)
         return steps_per_s(load_checkpoint(work/"studio"/"runs"/"bench"/"checkpoint.safetensors")[0]["history"])
     finally:
@@ -138,6 +163,7 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     if a.child == "headless": return child_headless(a.trainer, a.steps, a.work)
     if a.child == "serve": return child_serve(a.work, a.port)
+    idle = idle_cpu(Path(tempfile.mkdtemp(prefix="studio-bench-idle-")))
     out = {}
     for trainer in a.trainers.split(","):
         rates, values = {"headless": [], "studio": []}, form(trainer, a.steps)
@@ -157,7 +183,9 @@ def main(argv=None) -> dict:
     for t, o in out.items():
         print(f"{t:8s} {statistics.median(o['headless_steps_per_s']):26.2f} "
               f"{statistics.median(o['studio_steps_per_s']):24.2f} {o['ratio']:18.3f}")
-    print(json.dumps({"steps": a.steps, "repeat": a.repeat, **out}))
+    print(f"a served studio, idle: {idle:.1f}% of one core (Gradio's queue, left to itself, polls every 1 ms: "
+          f"about 4% here)")
+    print(json.dumps({"steps": a.steps, "repeat": a.repeat, "idle_server_cpu_percent": round(idle, 2), **out}))
     return out
 
 

@@ -409,6 +409,8 @@ def _start_method() -> str:
     if sys.platform.startswith("linux") and "fork" in methods: return "fork"
     return "forkserver" if "forkserver" in methods else "spawn"
 
+
+# %% ../nbs/69a_pile_pipeline.ipynb #d8211109
 def _executor(kind: str, steps: list, tasks: int, workers: int, logging_dir: str):
     kw = dict(tasks=tasks, workers=max(1, min(workers, tasks)), logging_dir=logging_dir)
     if kind == "local": return LocalPipelineExecutor(steps, start_method=_start_method(), **kw)

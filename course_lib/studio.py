@@ -20,9 +20,9 @@ from .kohya import (EXPORT_DTYPES, EXPORT_FORMATS, export_adapter, export_option
 from .lora_command import LoRATrainConfig, lora_config_from_dict, train_lora_run
 
 # %% auto #0
-__all__ = ['TRAINERS', 'CONFIGS', 'STUDIO_PRESET', 'IMAGE_TYPES', 'StudioBase', 'default_bases', 'tiny_bases', 'settings_fields',
-           'check_trainer', 'parse_settings', 'layer_widths', 'check_rank', 'Studio', 'train_run', 'train_worker',
-           'memory_bytes', 'status_text', 'loss_frame', 'build_studio', 'studio_main']
+__all__ = ['TRAINERS', 'CONFIGS', 'STUDIO_PRESET', 'IMAGE_TYPES', 'STATUS_EVERY_S', 'StudioBase', 'default_bases', 'tiny_bases',
+           'settings_fields', 'check_trainer', 'parse_settings', 'layer_widths', 'check_rank', 'Studio', 'train_run',
+           'train_worker', 'memory_bytes', 'status_text', 'loss_frame', 'build_studio', 'studio_main']
 
 # %% ../nbs/83_studio.ipynb #c70604a2
 TRAINERS = {"unet": "unit 4: LoRA on the digits UNet", "flux": "unit 7: LoRA on FLUX-mini"}
@@ -498,7 +498,7 @@ class _StepLines:
     """`train_run`'s `on_step` in a training process: the rows as JSON lines on `out`, at most one
     line every `every` seconds (fewer wake-ups of the studio, which shares the cores). A write that
     fails (nobody reads: the studio is gone) sets `stop`: the run checkpoints and stops."""
-    def __init__(self, out, stop: threading.Event, every: float = 0.2):
+    def __init__(self, out, stop: threading.Event, every: float = 0.5):
         self.out, self.stop, self.every, self.rows, self.last = out, stop, every, [], 0.0
 
     def send(self, msg: dict) -> None:
@@ -930,7 +930,7 @@ def _train_tab(st: Studio, gr) -> dict:
     return ui
 
 # %% ../nbs/83_studio.ipynb #c0b8b436
-def loss_frame(history: Sequence[dict], window: int = 25, points: int = 400):
+def loss_frame(history: Sequence[dict], window: int = 25, points: int = 200):
     """The live loss curve's data: a long `pandas.DataFrame` (columns step, loss, series) of the
     running mean over `window` steps of each loss in `history` (as `loss_figure` draws them), at
     most `points` rows per series. The page draws it in the browser (`gr.LinePlot`): a tick of
@@ -992,6 +992,8 @@ def _train_handlers(st: Studio, gr, ui: dict) -> dict:
     return dict(start=start, resume=resume, cont=cont, save=save, load=load, tick=tick)
 
 # %% ../nbs/83_studio.ipynb #4ecceb03
+STATUS_EVERY_S = 2.0   # the page's status timer, seconds
+
 def _train_events(st: Studio, gr, ui: dict) -> None:
     h, status, comps = _train_handlers(st, gr, ui), ui["status"], ui["comps"]
     ui["trainer"].change(lambda t: [gr.update(visible=u == t) for u in TRAINERS], ui["trainer"],
@@ -1005,7 +1007,7 @@ def _train_events(st: Studio, gr, ui: dict) -> None:
                        api_name="save_preset")
     ui["load_p"].upload(h["load"], ui["load_p"], [status, ui["trainer"], *comps, *ui["groups"]],
                         api_name="load_preset")
-    gr.Timer(1.0).tick(h["tick"], None, [status, ui["curve"], ui["preview"]],
+    gr.Timer(STATUS_EVERY_S).tick(h["tick"], None, [status, ui["curve"], ui["preview"]],
                        show_progress="hidden", api_name="status", queue=False)
 
 # %% ../nbs/83_studio.ipynb #322cb5c9
@@ -1105,6 +1107,17 @@ def _generate_tab(st: Studio, gr):
     return gallery
 
 # %% ../nbs/83_studio.ipynb #b026aad0
+def _quiet_queue(demo, idle_poll_s: float = 0.02, progress_poll_s: float = 0.1) -> None:
+    """Gradio's event queue looks for work every millisecond while it is idle (and for progress
+    every 10 ms): 3.8% of a core for a studio that does nothing, measured here, which on 2 cores
+    slows the training process beside it (`benchmarks/studio.py`). Every 20 ms (0.5%) delays a
+    queued click by at most that. Gradio's queue attributes, skipped if a version lacks them."""
+    q = getattr(demo, "_queue", None)
+    if q is not None and hasattr(q, "sleep_when_free"):
+        q.sleep_when_free = max(q.sleep_when_free, idle_poll_s)
+        q.progress_update_sleep_when_free = max(
+            getattr(q, "progress_update_sleep_when_free", 0), progress_poll_s)
+
 def build_studio(root: str | os.PathLike | None = None, bases: Sequence[StudioBase] | None = None,
                  judges: dict | None = None, studio: Studio | None = None):
     """The LoRA studio as a `gradio.Blocks` app over `Studio(root, bases, judges)` (default `root`:
@@ -1130,6 +1143,7 @@ def build_studio(root: str | os.PathLike | None = None, bases: Sequence[StudioBa
                     [(str(a), b) for a, b in st.gallery()])
         demo.load(on_load, None, [data["table"], pick, runs_table, export_run, gallery],
                   api_name=False)
+    _quiet_queue(demo)
     demo.studio = st
     return demo
 

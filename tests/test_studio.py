@@ -212,7 +212,7 @@ def test_loss_frame_is_the_running_mean_of_each_loss():
     for k in ("loss", "concept_loss", "prior_loss"):
         part = df[df.series == k]
         ref = pd.Series([r[k] for r in h], index=[r["step"] for r in h]).rolling(25).mean()
-        assert 390 <= len(part) <= 400 and part.step.iloc[0] == 25 and part.step.iloc[-1] == 1000
+        assert 195 <= len(part) <= 200 and part.step.iloc[0] == 25 and part.step.iloc[-1] == 1000
         np.testing.assert_allclose(part.loss.to_numpy(), ref.loc[part.step].to_numpy(), rtol=1e-12)
     flux = loss_frame([{"step": i + 1, "loss": 1.0 / (i + 1)} for i in range(10)])
     assert set(flux.series) == {"loss"} and len(flux) == 1 and flux.loss.iloc[0] == pytest.approx(np.mean(1 / np.arange(1, 11)))
@@ -273,6 +273,16 @@ def server(tmp_path_factory, digits):
                             quiet=True)
     yield demo, url
     demo.close()
+
+
+def test_served_queue_does_not_poll_every_millisecond(server):
+    """Gradio's queue, idle, looks for work every 1 ms by default: 3.8% of a core for a studio doing nothing,
+    which slows the training process beside it on 2 cores (benchmarks/studio.py). The served studio's queue
+    looks every 20 ms at most often, and its clicks still run (the client tests below)."""
+    demo, _ = server
+    q = demo._queue
+    assert q.sleep_when_free >= 0.02, q.sleep_when_free
+    assert q.progress_update_sleep_when_free >= 0.1, q.progress_update_sleep_when_free
 
 
 def test_client_bad_input_gives_messages(server, digits, tmp_path):
