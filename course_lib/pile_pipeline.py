@@ -401,9 +401,9 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
 def _start_method() -> str:
     """How the local executor starts its worker processes: 'fork' on Linux (a worker is a copy of
     this process, nothing imported again), else datatrove's default 'forkserver' ('spawn' where
-    there is none). Measured in `benchmarks/pile_clean.py`: with forkserver each worker of each
-    stage imports datatrove and this module again (about 0.5 s), which halved what a second worker
-    bought on the mini-Pile."""
+    there is none). With forkserver each worker of each stage imports datatrove and this module
+    again, which halved what a second worker bought on the mini-Pile (`benchmarks/pile_clean.py`
+    measures the speed-up)."""
     import multiprocess
     methods = multiprocess.get_all_start_methods()
     if sys.platform.startswith("linux") and "fork" in methods: return "fork"

@@ -241,7 +241,7 @@ def test_cli_clean(tmp_path, capsys):
 def test_local_workers_are_forked_copies(tmp_path, monkeypatch):
     """On Linux the local executor's workers start as copies of this process (fork): they see what
     this process holds, and import nothing again (with datatrove's default fork server, every worker
-    of every stage imported datatrove and this module again, about 0.5 s each)."""
+    of every stage imported datatrove and this module again)."""
     import course_lib.pile_pipeline as pp
     from datatrove.pipeline.base import PipelineStep
 
