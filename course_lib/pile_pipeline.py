@@ -470,7 +470,8 @@ def check_clean_args(input, output, dedup="exact", filters=("gopher",), drop_sub
     if not _has_shards(p):
         raise ValueError(f"{input}: no Pile shards ({', '.join(SHARD_SUFFIXES)}) in it")
     for name, v in (("tasks", tasks), ("workers", workers)):
-        if not (isinstance(v, int) and v >= 1): raise ValueError(f"{name} must be >= 1, got {v}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     if dedup not in (None, "none", *DEDUPS):
         raise ValueError(f"unknown dedup {dedup!r} (one of exact, minhash, none)")
     if bad := [f for f in filters if f not in FILTERS]:

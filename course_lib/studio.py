@@ -749,17 +749,42 @@ def load_adapter_file(self, trainer: str, path: str | os.PathLike, name: str | N
     loaded[name] = Path(path)
     return name
 
+# %% ../nbs/83_studio.ipynb #bd4fdf1a
+def _unet_model(pipe, guidance: float, negative_prompt: str, trigger: str | None):
+    """The unit 4 UNet to sample from: `pipe` itself at `guidance` 1, else unit 7's `GuidedUNet`:
+    eps(negative) + w (eps(prompt) - eps(negative)), classifier-free guidance (Ho & Salimans 2022)
+    with the class of `negative_prompt` in place of the null class, which this base was trained
+    without. Raises `ValueError` for a guidance below 1, for guidance without a negative prompt, or
+    for a negative prompt that names neither a digit nor the trigger."""
+    from course_lib.guidance import GuidedUNet, check_guidance_scale
+    from course_lib.lora_base import encode_prompt
+    w = check_guidance_scale(guidance)
+    if w == 1: return pipe
+    if not (negative_prompt or "").strip():
+        raise ValueError(f"guidance {w:g} needs a negative prompt with the unit 4 UNet: it was "
+                         "trained without a null class, so it has no unconditional branch. Name "
+                         "a digit (e.g. 'three') or the trigger to guide away from, or use "
+                         "guidance 1")
+    try: neg = encode_prompt(negative_prompt, **({"trigger": trigger} if trigger else {}))
+    except ValueError as e: raise ValueError(f"negative prompt: {e}") from None
+    g = GuidedUNet(pipe, w, null_class=pipe.config.num_class_embeds - 1, negative=neg)
+    g.ddpm_config = pipe.ddpm_config
+    return g
+
+
 # %% ../nbs/83_studio.ipynb #c655d18d
 @patch_to(Studio)
 def generate(self, trainer: str, prompt: str, adapters: dict[str, float] | None = None,
              negative_prompt: str = "", seed: int = 0, guidance: float = 1.0, steps: int = 20,
              n: int = 8) -> torch.Tensor:
     """`n` images for `prompt` with the runs (or loaded files) `adapters` at their weights on the
-    one loaded pipeline. FLUX: `guidance` > 1 is classifier-free guidance against
-    `negative_prompt` (`course_lib.flux.generate`). The unit 4 UNet has no text encoder, so it
-    reads the prompt's digit word or trigger and has no negative prompt. Returns images in
-    [0, 1]."""
+    one loaded pipeline. `guidance` > 1 is classifier-free guidance against `negative_prompt`:
+    FLUX through `course_lib.flux.generate`, the unit 4 UNet (no text encoder: its prompts name a
+    digit or the trigger) through `_unet_model`, where the negative prompt is required. Returns
+    images in [0, 1]."""
+    from course_lib.guidance import check_guidance_scale
     from course_lib.lora import set_adapters
+    guidance = check_guidance_scale(guidance)
     pipe, loaded = self.generator(check_trainer(trainer))
     names = {}
     for a, w in (adapters or {}).items():
@@ -783,7 +808,8 @@ def generate(self, trainer: str, prompt: str, adapters: dict[str, float] | None 
     if loaded: set_adapters(pipe, names)
     trig = next((self.run_config(a).trigger for a in (adapters or {})
                  if (self.root/"runs"/a/"studio.json").is_file()), None)
-    x = unet_generate(pipe, prompt, n=n, seed=seed, num_inference_steps=steps,
+    model = _unet_model(pipe, guidance, negative_prompt, trig)
+    x = unet_generate(model, prompt, n=n, seed=seed, num_inference_steps=steps,
                       **({"trigger": trig} if trig else {}))
     return (x + 1) / 2
 
@@ -1075,7 +1101,8 @@ def _generate_tab(st: Studio, gr):
         with gr.Row():
             trainer = gr.Radio(list(TRAINERS), value="unet", label="base", elem_id="gen-trainer")
             prompt = gr.Textbox("a photo of sks digit", label="prompt", elem_id="prompt")
-            neg = gr.Textbox("", label="negative prompt (FLUX, guidance > 1)")
+            neg = gr.Textbox("", label="negative prompt (guidance > 1, unit 4: a digit or "
+                                               "the trigger)")
         with gr.Row():
             seed = gr.Number(0, precision=0, label="seed")
             guidance = gr.Number(1.0, label="guidance")

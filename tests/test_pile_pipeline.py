@@ -1,6 +1,6 @@
 """course_lib.pile_pipeline (datatrove) and `course pile clean`: reader formats and error policy,
 accounting that adds up, dedup across tasks, resume after a kill, the executor swap to Ray, the CLI."""
-import gzip, json, os, random, signal, subprocess, sys, textwrap, time
+import gzip, json, os, random, re, signal, subprocess, sys, textwrap, time
 from collections import Counter
 from pathlib import Path
 
@@ -216,7 +216,7 @@ def test_cli_clean(tmp_path, capsys):
     d = corpus(tmp_path, shards=2, per=15, seed=9)
     out = tmp_path/"out"
     bad = [([str(tmp_path/"nope"), str(out)], "nope"),
-           ([str(d), str(out), "--tasks", "0"], "tasks must be >= 1, got 0"),
+           ([str(d), str(out), "--tasks", "0"], "tasks must be an int >= 1, got 0"),
            ([str(d), str(out), "--drop-subsets", "Pile-CC", "Wikipedia"], "'Wikipedia'"),
            ([str(d), str(out), "--decontaminate", str(tmp_path/"ev")], "ev")]
     for args, named in bad:
@@ -262,3 +262,14 @@ def test_local_workers_are_forked_copies(tmp_path, monkeypatch):
     seen = [json.loads((tmp_path/"marks"/f"{r}.json").read_text()) for r in range(2)]
     assert all(s["pid"] != os.getpid() for s in seen), seen   # ran in worker processes
     assert [s["mark"] for s in seen] == ["set in the parent"] * 2, seen
+
+
+def test_tasks_and_workers_must_be_ints(tmp_path):
+    "A count that is not an int is named as such, with its value as written (not '3' shown as 3)."
+    d = corpus(tmp_path, shards=1, per=3, seed=1)
+    for kw, shown in (({"tasks": "3"}, "tasks must be an int >= 1, got '3'"),
+                      ({"workers": 2.5}, "workers must be an int >= 1, got 2.5"),
+                      ({"workers": True}, "workers must be an int >= 1, got True")):
+        with pytest.raises(ValueError, match=re.escape(shown)):
+            run_clean(d, tmp_path/"out", **kw)
+    assert not (tmp_path/"out").exists()   # nothing written

@@ -264,6 +264,42 @@ def test_compare_export_generate(st):
     assert {c.split(" ")[0] for _, c in st.gallery()} >= {"u1", "f1"}
 
 
+def test_unet_generate_with_guidance_against_a_negative_prompt(st):
+    """The unit 4 UNet's guidance: eps(negative) + w (eps(prompt) - eps(negative)) (Ho & Salimans 2022), the
+    negative prompt's class standing in for the null class the base was trained without. Checked against a
+    model that makes the two network calls apart and combines them by hand."""
+    from types import SimpleNamespace
+    from torch import nn
+    from course_lib.lora_base import encode_prompt, generate as unet_generate
+    prompt, kw = "a photo of sks digit", dict(steps=2, n=2, seed=3)
+    plain = st.generate("unet", prompt, {"u1": 1.0}, **kw)
+    assert torch.equal(st.generate("unet", prompt, {"u1": 1.0}, negative_prompt="three", guidance=1.0, **kw), plain)
+    guided = st.generate("unet", prompt, {"u1": 1.0}, negative_prompt="three", guidance=3.0, **kw)
+    pipe, trig = st.generator("unet")[0], st.run_config("u1").trigger
+    neg = encode_prompt("three", trig)
+
+    class ByHand(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unet, self.config, self.ddpm_config = pipe, pipe.config, pipe.ddpm_config
+        def forward(self, x, t, class_labels=None):
+            cond = self.unet(x, t, class_labels=class_labels).sample
+            away = self.unet(x, t, class_labels=torch.full_like(class_labels, neg)).sample
+            return SimpleNamespace(sample=away + 3.0 * (cond - away))
+
+    ref = (unet_generate(ByHand(), prompt, n=2, seed=3, num_inference_steps=2, trigger=trig) + 1) / 2
+    torch.testing.assert_close(guided, ref, atol=1e-5, rtol=0)
+    assert (guided - plain).abs().max() > 1e-3                                  # guidance changed the images
+    with pytest.raises(ValueError, match="needs a negative prompt"):
+        st.generate("unet", prompt, {"u1": 1.0}, guidance=3.0, **kw)
+    with pytest.raises(ValueError, match="negative prompt: .*names no digit"):
+        st.generate("unet", prompt, {"u1": 1.0}, negative_prompt="a banana", guidance=3.0, **kw)
+    for bad in (0.5, "2"):                                                      # both bases refuse them alike
+        for t, p in (("unet", prompt), ("flux", "sks seven")):
+            with pytest.raises(ValueError, match="guidance_scale must be"):
+                st.generate(t, p, {}, negative_prompt="three", guidance=bad, **kw)
+
+
 # ---------------------------------------------------------------- the page, through Gradio's Python client
 
 @pytest.fixture(scope="module")
