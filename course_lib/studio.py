@@ -1136,9 +1136,9 @@ def _generate_tab(st: Studio, gr):
 # %% ../nbs/83_studio.ipynb #b026aad0
 def _quiet_queue(demo, idle_poll_s: float = 0.02, progress_poll_s: float = 0.1) -> None:
     """Gradio's event queue looks for work every millisecond while it is idle (and for progress
-    every 10 ms): 3.8% of a core for a studio that does nothing, measured here, which on 2 cores
-    slows the training process beside it (`benchmarks/studio.py`). Every 20 ms (0.5%) delays a
-    queued click by at most that. Gradio's queue attributes, skipped if a version lacks them."""
+    every 10 ms), which on 2 cores slows the training process beside it: `benchmarks/studio.py`
+    prints what an idle studio costs. Looking every `idle_poll_s` seconds delays a queued click by
+    at most that. Gradio's queue attributes, skipped if a version lacks them."""
     q = getattr(demo, "_queue", None)
     if q is not None and hasattr(q, "sleep_when_free"):
         q.sleep_when_free = max(q.sleep_when_free, idle_poll_s)
