@@ -18,7 +18,7 @@
    reference, the machine's own scaling on the same shards (N processes decompressing into nothing).
 3. BPB evaluation tokens/s of `course_lib.bpb.bpb` (windows batched) against one window at a time.
 Ratios are against baselines measured in the same run. Nothing is downloaded."""
-import argparse, contextlib, io, json, os, sys, sysconfig, tempfile, time
+import argparse, contextlib, multiprocessing, io, json, os, sys, sysconfig, tempfile, time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -27,6 +27,9 @@ import zstandard
 from course_lib.jsonl_zst import read_jsonl_zst, write_jsonl_zst, ReadStats
 from course_lib.pile_command import mini_pile_records, format_table, pile_main, _stats_one
 from course_lib.jsonl_zst import _loads, _records
+from course_lib.core import start_method
+
+CTX = multiprocessing.get_context(start_method())   # the start method `course` uses (fork on Linux)
 
 
 def code_records(max_bytes: int):
@@ -146,7 +149,7 @@ def _noop(x): return x
 
 def pool_startup(processes):
     "Starting and stopping a pool of `processes` workers that do nothing."
-    with ProcessPoolExecutor(processes) as ex: list(ex.map(_noop, range(processes)))
+    with ProcessPoolExecutor(processes, mp_context=CTX) as ex: list(ex.map(_noop, range(processes)))
 
 
 def main(argv=None):
@@ -226,7 +229,7 @@ def main(argv=None):
         rows.append({"processes": "1, plain decompression only (reference)", "MB/s": size / 1e6 / tp1, "speed-up": 1.0, "efficiency": 1.0})
         for np_ in [n for n in a.processes if n > 1]:
             def run_plain():
-                with ProcessPoolExecutor(np_) as ex: return list(ex.map(plain, shards))
+                with ProcessPoolExecutor(np_, mp_context=CTX) as ex: return list(ex.map(plain, shards))
             t, _ = best(run_plain, a.repeat)
             rows.append({"processes": f"{np_}, plain decompression only (reference)", "MB/s": size / 1e6 / t,
                          "speed-up": tp1 / t, "efficiency": tp1 / t / np_})

@@ -13,12 +13,15 @@ a temporary folder), in `--shards` Pile-format shards of about equal size. From 
 3. MinHash signatures a second of `course_lib.pile_clean.MinHasher.signatures` against `datasketch.MinHash`
    (`update_batch` with the same normalised word 5-grams), 128 permutations, on the same documents.
 Nothing is downloaded."""
-import argparse, contextlib, os, shutil, sys, tempfile, time
+import argparse, contextlib, multiprocessing, os, shutil, sys, tempfile, time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from course_lib.jsonl_zst import read_jsonl_zst, write_jsonl_zst
 from course_lib.pile_command import format_table, mini_pile_records
+from course_lib.core import start_method
+
+CTX = multiprocessing.get_context(start_method())   # the start method `course` uses (fork on Linux)
 
 
 REPEAT = 1
@@ -146,7 +149,7 @@ def main(argv=None):
         assert rep.documents_in == n_docs and rep.documents_kept == reports["exact"].documents_kept
         g1, _ = timed(lambda: [gopher_shard(s) for s in shards])
         def gopher_pool():
-            with ProcessPoolExecutor(a.workers) as ex: return list(ex.map(gopher_shard, shards))
+            with ProcessPoolExecutor(a.workers, mp_context=CTX) as ex: return list(ex.map(gopher_shard, shards))
         gn, _ = timed(gopher_pool)
         rows = [{"run": "run_clean(dedup='exact'), 1 worker", "docs/s": n_docs / t1, "speed-up": 1.0},
                 {"run": f"run_clean(dedup='exact'), {a.workers} workers", "docs/s": n_docs / tn, "speed-up": t1 / tn},

@@ -17,7 +17,7 @@ if TYPE_CHECKING: import torch   # for the annotations only (they are strings: s
 __all__ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', 'cache_dir', 'artifact_dir', 'pretrained_dir',
            'restore_pretrained', 'patch_to', 'patch', 'atomic_write', 'save_checkpoint', 'load_checkpoint',
            'unwrap_model', 'clean_key', 'results_path', 'read_results', 'record', 'in_colab', 'network_available',
-           'OfflineError', 'grad_enabled']
+           'OfflineError', 'start_method', 'forking_beside_threads', 'grad_enabled']
 
 # %% ../nbs/00_core.ipynb #23c45c88
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -398,6 +398,29 @@ def network_available(host: str = "huggingface.co", port: int = 443, timeout: fl
 class OfflineError(RuntimeError):
     """Raised by a loader that needs the network when it is not reachable. The message names the
     embedded alternative."""
+
+# %% ../nbs/00_core.ipynb #dcd73c0c
+def start_method(methods: list[str] | None = None) -> str:
+    """The start method for worker processes: 'fork' on Linux (a worker is a copy of this process,
+    nothing imported again), else 'forkserver' where `methods` has it, else 'spawn'. `methods`: the
+    start methods there are (default `multiprocessing.get_all_start_methods()`). Pass it explicitly:
+    from Python 3.14 the default on Linux is forkserver."""
+    if methods is None:
+        import multiprocessing
+        methods = multiprocessing.get_all_start_methods()
+    if sys.platform.startswith("linux") and "fork" in methods: return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+@contextlib.contextmanager
+def forking_beside_threads():
+    """Silence Python 3.12+'s DeprecationWarning that fork() runs beside threads (a Jupyter kernel
+    always has some): the workers started here run only our own code, which starts no lock-holding
+    thread before they fork."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+        yield
 
 # %% ../nbs/00_core.ipynb #3ca72c3f
 def grad_enabled(fn):

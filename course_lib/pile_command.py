@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from .core import atomic_write, cache_dir
+from .core import atomic_write, cache_dir, forking_beside_threads, start_method
 from .cache import cache_key, cache_lock
 from .jsonl_zst import PileFormatError, ReadStats, read_jsonl_zst, write_jsonl_zst, _dumps
 from .pile_corpus import load_corpus, skipped_files_note, _folder_files, _read_text
@@ -247,12 +247,16 @@ def _clean_parser(sub) -> None:
 
 # %% ../nbs/66_pile_command.ipynb #c01795c8
 def _stats_parts(tasks: list[str], errors: str, processes: int) -> list[tuple[dict, dict]]:
-    "`_stats_one` of each task, in the tasks' order, in `processes` worker processes if > 1."
-    from concurrent.futures import ProcessPoolExecutor   # here: importing this module stays quick
+    """`_stats_one` of each task, in the tasks' order, in `processes` worker processes if > 1
+    (started by `start_method`: forked on Linux)."""
+    import multiprocessing   # here: importing this module stays quick
+    from concurrent.futures import ProcessPoolExecutor
     if processes > 1 and len(tasks) > 1:
         def size(i): return -Path(tasks[i]).stat().st_size if Path(tasks[i]).is_file() else 0
         order = sorted(range(len(tasks)), key=size)
-        with ProcessPoolExecutor(min(processes, len(tasks))) as ex:
+        ctx = multiprocessing.get_context(start_method())   # fork on Linux, as in Python < 3.14
+        with forking_beside_threads(), ProcessPoolExecutor(min(processes, len(tasks)),
+                                                           mp_context=ctx) as ex:
             futs = {i: ex.submit(_stats_one, tasks[i], errors, False) for i in order}
             return [futs[i].result() for i in range(len(tasks))]
     return [_stats_one(f, errors) for f in tasks]

@@ -4,7 +4,7 @@
 
 # %% ../nbs/69a_pile_pipeline.ipynb #de48d654
 from __future__ import annotations
-import contextlib, json, os, shutil, sys, warnings
+import contextlib, json, os, shutil, sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +22,7 @@ from datatrove.utils.hashing import HashConfig
 from datatrove.utils.logging import setup_default_logger
 from datatrove.utils.word_tokenizers import WordTokenizer
 
-from .core import atomic_write, patch_to
+from .core import atomic_write, forking_beside_threads, patch_to, start_method
 from .jsonl_zst import ReadStats, read_jsonl_zst, write_jsonl_zst
 from .pile import MINI_PILE_SUBSETS, PILE_SUBSETS
 from .pile_clean import Decontaminator, RemovalLog, gopher_reasons, text_hash
@@ -399,15 +399,12 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
 
 # %% ../nbs/69a_pile_pipeline.ipynb #51fc4f19
 def _start_method() -> str:
-    """How the local executor starts its worker processes: 'fork' on Linux (a worker is a copy of
-    this process, nothing imported again), else datatrove's default 'forkserver' ('spawn' where
-    there is none). With forkserver each worker of each stage imports datatrove and this module
-    again, which halved what a second worker bought on the mini-Pile (`benchmarks/pile_clean.py`
-    measures the speed-up)."""
+    """How the local executor starts its worker processes: `start_method` of the methods datatrove's
+    `multiprocess` has ('fork' on Linux, else its default 'forkserver', or 'spawn'). With forkserver
+    each worker of each stage imports datatrove and this module again (`benchmarks/pile_clean.py`
+    measures what a second worker buys)."""
     import multiprocess
-    methods = multiprocess.get_all_start_methods()
-    if sys.platform.startswith("linux") and "fork" in methods: return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+    return start_method(multiprocess.get_all_start_methods())
 
 
 # %% ../nbs/69a_pile_pipeline.ipynb #d8211109
@@ -432,10 +429,7 @@ def run_pipeline(stages: list[Stage], logging_dir, tasks: int = 1, workers: int 
               contextlib.redirect_stderr(null if quiet else sys.stderr)):
             setup_default_logger()   # loguru's console sink: to where stderr now goes
             try:
-                with warnings.catch_warnings():   # Python 3.12+: fork() beside threads warns
-                    warnings.filterwarnings("ignore", "This process .* is multi-threaded",
-                                            DeprecationWarning)
-                    ex.run()
+                with forking_beside_threads(): ex.run()
             finally: setup_default_logger()
         setup_default_logger()   # and back to the real stderr
         if missing := ex.get_incomplete_ranks(range(n), skip_completed=True):

@@ -1,6 +1,6 @@
 """course_lib.pile: the Pile's jsonl.zst format (against lm_dataformat, the Pile's own reader/writer), bad input,
 Table 1 of the Pile paper, the mini-Pile builder and the `course pile` command."""
-import io, json, random
+import io, json, random, sys
 
 import pytest
 import zstandard
@@ -326,6 +326,34 @@ def test_cli_stats_processes(tmp_path, capsys):
     one = json.loads(capsys.readouterr().out)
     assert pile_main(["stats", str(tmp_path / "pile"), "--json", "--processes", "2"]) == 0
     assert json.loads(capsys.readouterr().out) == one and one["subsets"][-1]["docs"] == 4 * 15
+
+
+def _stats_in_child(path, errors, *args):
+    "Stands in for `_stats_one` in a worker: what the worker's `course_lib.pile_command` holds, and its pid."
+    import os, sys
+    return getattr(sys.modules["course_lib.pile_command"], "_TEST_MARK", None), os.getpid()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is the start method on Linux only")
+def test_stats_processes_are_forked_whatever_the_default(tmp_path, monkeypatch):
+    """`course pile stats --processes 2` forks its workers on Linux (copies of this process, nothing imported again)
+    even where the default start method is forkserver, as it is from Python 3.14 on."""
+    import multiprocessing, os
+    import course_lib.pile_command as pc
+    monkeypatch.setattr(pc, "_TEST_MARK", "set in the parent", raising=False)
+    monkeypatch.setattr(pc, "_stats_one", _stats_in_child)
+    tasks = [str(write_and_path(tmp_path / f"{i}.jsonl.zst")) for i in range(2)]
+    default = multiprocessing.get_start_method()
+    multiprocessing.set_start_method("forkserver", force=True)
+    try: seen = pc._stats_parts(tasks, "strict", processes=2)
+    finally: multiprocessing.set_start_method(default, force=True)
+    assert all(pid != os.getpid() for _, pid in seen), seen        # ran in worker processes
+    assert [m for m, _ in seen] == ["set in the parent"] * 2, seen
+
+
+def write_and_path(path):
+    write_jsonl_zst(path, RECORDS)
+    return path
 
 
 def test_cli_build_mini(tmp_path, capsys):
