@@ -8,6 +8,8 @@ a temporary folder), in `--shards` Pile-format shards of about equal size. From 
    `PileReader` alone, + the Gopher rules filter, + the writer (`run_clean(dedup=None)`), + exact dedup
    (`run_clean(dedup="exact")`), and minhash dedup instead (`run_clean(dedup="minhash")`): documents a second, and
    each step's cost in ms a document (its row's time less the row above's).
+1b. The ceiling of any pipeline that writes Pile shards: `read_jsonl_zst`'s time over itself plus writing the same
+   documents (zstd level 1 of the encoded lines alone, `write_jsonl_zst` at level 1 and at level 3), one thread.
 2. `run_clean(dedup="exact")` on `--workers` worker processes against one, on the same shards (documents a second),
    beside the machine's own scaling on the same shards (the Gopher rules alone, in N processes).
 3. MinHash signatures a second of `course_lib.pile_clean.MinHasher.signatures` against `datasketch.MinHash`
@@ -85,6 +87,26 @@ def gopher_shard(path) -> int:
     return sum(1 for r in read_jsonl_zst(path) if not gopher_reasons(r["text"]))
 
 
+def writer_ceiling(shards, t_read: float, folder: Path, n_docs: int) -> list[dict]:
+    """What writing alone costs against `t_read` (read_jsonl_zst of `shards`): zstd level 1 compression of the output
+    bytes already encoded (zstd's fastest level, C code only), write_jsonl_zst at level 1, and at level 3 (PileWriter's)."""
+    import zstandard
+    from course_lib.jsonl_zst import _dumps
+    records = [r for s in shards for r in read_jsonl_zst(s)]
+    data = b"".join(map(_dumps, records))
+    folder.mkdir()
+    runs = [("zstd level 1 of the encoded lines alone", lambda: zstandard.ZstdCompressor(level=1).compress(data)),
+            ("write_jsonl_zst(level=1)", lambda: write_jsonl_zst(folder / "l1.jsonl.zst", records, level=1)),
+            ("write_jsonl_zst(level=3), as PileWriter", lambda: write_jsonl_zst(folder / "l3.jsonl.zst", records, level=3))]
+    rows = [{"writing (1 thread)": "read_jsonl_zst alone (nothing written)", "ms/doc": t_read / n_docs * 1e3,
+             "ceiling x read_jsonl_zst": 1.0}]
+    for name, fn in runs:
+        t, _ = timed(fn)
+        rows.append({"writing (1 thread)": f"+ {name}", "ms/doc": t / n_docs * 1e3,
+                     "ceiling x read_jsonl_zst": t_read / (t_read + t)})
+    return rows
+
+
 def datasketch_signatures(texts, num_perm=128, n=5):
     import datasketch
     from course_lib.pile_clean import word_ngrams
@@ -142,6 +164,11 @@ def main(argv=None):
         for k, rep in reports.items():
             print(f"   dedup={k}: kept {rep.documents_kept} of {rep.documents_in} documents; removed "
                   + ", ".join(f"{s} {v['documents']}" for s, v in rep.removed.items()))
+
+        # 1b. the ceiling of any pipeline that writes what it reads
+        rows = writer_ceiling(shards, t_read, d / "ceiling", n_docs)
+        print("\n1b. the ceiling of a pipeline that reads these shards and writes Pile shards, with nothing in between "
+              "(1 thread): read_jsonl_zst's time / (its time + the writing's)"); print(format_table(rows, floats=".3f"))
 
         # 2. workers
         t1 = runs[4][1]
