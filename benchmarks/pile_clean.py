@@ -11,6 +11,7 @@ a temporary folder), in `--shards` Pile-format shards of about equal size. From 
 1b. The ceiling of any pipeline that writes Pile shards: `read_jsonl_zst`'s time over itself plus writing the same
    documents (zstd level 1 of the encoded lines alone, `write_jsonl_zst` at level 1 and at level 3), one thread.
 2. `run_clean(dedup="exact")` on `--workers` worker processes against one, on the same shards (documents a second),
+   with the workers forked (`course_lib.core.start_method` on Linux) and, for comparison, started by a fork server,
    beside the machine's own scaling on the same shards (the Gopher rules alone, in N processes).
 3. MinHash signatures a second of `course_lib.pile_clean.MinHasher.signatures` against `datasketch.MinHash`
    (`update_batch` with the same normalised word 5-grams), 128 permutations, on the same documents.
@@ -107,6 +108,25 @@ def writer_ceiling(shards, t_read: float, folder: Path, n_docs: int) -> list[dic
     return rows
 
 
+def forkserver_rows(run, n_docs: int, t1: float, workers: int) -> list[dict]:
+    """`run` again with the workers started by a fork server (datatrove's default, and the default on Linux from
+    Python 3.14) where `start_method()` forks them: each worker of each stage imports datatrove and course_lib."""
+    import multiprocess
+    import course_lib.pile_pipeline as pp
+    if start_method() == "forkserver" or "forkserver" not in multiprocess.get_all_start_methods(): return []
+    saved, pp._start_method = pp._start_method, lambda: "forkserver"
+    try: t, _ = timed(run)
+    finally: pp._start_method = saved
+    return [{"run": f"run_clean(dedup='exact'), {workers} workers, forkserver instead of fork", "docs/s": n_docs / t,
+             "speed-up": t1 / t}]
+
+
+def positive(s: str) -> int:
+    v = int(s)
+    if v < 1: raise argparse.ArgumentTypeError(f"must be an int >= 1, got {s}")
+    return v
+
+
 def datasketch_signatures(texts, num_perm=128, n=5):
     import datasketch
     from course_lib.pile_clean import word_ngrams
@@ -121,9 +141,9 @@ def datasketch_signatures(texts, num_perm=128, n=5):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb-per-subset", type=float, default=8, help="MB of text of each mini-Pile subset at most")
-    p.add_argument("--shards", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=1, help="best of this many runs of each row")
+    p.add_argument("--shards", type=positive, default=4, help="Pile shards the documents are split into, one task each")
+    p.add_argument("--workers", type=positive, default=2, help="worker processes of the parallel run")
+    p.add_argument("--repeat", type=positive, default=1, help="best of this many runs of each row")
     a = p.parse_args(argv)
     global REPEAT
     REPEAT = max(1, a.repeat)
@@ -180,6 +200,7 @@ def main(argv=None):
         gn, _ = timed(gopher_pool)
         rows = [{"run": "run_clean(dedup='exact'), 1 worker", "docs/s": n_docs / t1, "speed-up": 1.0},
                 {"run": f"run_clean(dedup='exact'), {a.workers} workers", "docs/s": n_docs / tn, "speed-up": t1 / tn},
+                *forkserver_rows(lambda: clean(d / "in", d / "out", "exact", a.shards, a.workers), n_docs, t1, a.workers),
                 {"run": "Gopher rules alone, 1 process (reference)", "docs/s": n_docs / g1, "speed-up": 1.0},
                 {"run": f"Gopher rules alone, {a.workers} processes (reference)", "docs/s": n_docs / gn,
                  "speed-up": g1 / gn}]

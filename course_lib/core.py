@@ -404,19 +404,28 @@ def start_method(methods: list[str] | None = None) -> str:
     """The start method for worker processes: 'fork' on Linux (a worker is a copy of this process,
     nothing imported again), else 'forkserver' where `methods` has it, else 'spawn'. `methods`: the
     start methods there are (default `multiprocessing.get_all_start_methods()`). Pass it explicitly:
-    from Python 3.14 the default on Linux is forkserver."""
+    from Python 3.14 the default on Linux is forkserver. Raises TypeError if `methods` is not a list
+    of names (a bare str included), ValueError if it has none of these."""
     if methods is None:
         import multiprocessing
         methods = multiprocessing.get_all_start_methods()
+    bad = TypeError(f"methods must be a list of start method names, got {methods!r}")
+    if isinstance(methods, str) or not hasattr(methods, "__iter__"): raise bad
+    methods = list(methods)
+    if not all(isinstance(m, str) for m in methods): raise bad
     if sys.platform.startswith("linux") and "fork" in methods: return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+    for m in ("forkserver", "spawn"):
+        if m in methods: return m
+    raise ValueError(f"methods has neither 'forkserver' nor 'spawn': {list(methods)!r}")
 
 
 @contextlib.contextmanager
 def forking_beside_threads():
-    """Silence Python 3.12+'s DeprecationWarning that fork() runs beside threads (a Jupyter kernel
-    always has some): the workers started here run only our own code, which starts no lock-holding
-    thread before they fork."""
+    """Silence Python 3.12+'s DeprecationWarning that fork() runs while this process has other
+    threads (a Jupyter kernel always has some, fsspec starts one). The risk it names, a lock another
+    thread holds at the fork staying held in the child, is the one every Linux fork ran until Python
+    3.14: CPython resets its import and logging locks in the child and fsspec its IO loop, and the
+    workers started here run pipeline steps and readers, which wait on no other thread."""
     import warnings
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)

@@ -407,14 +407,34 @@ def _start_method() -> str:
     return start_method(multiprocess.get_all_start_methods())
 
 
+class _QuietTasks:
+    """Mixed into a datatrove executor: with `quiet`, each task's log goes to its file only. A task
+    runs in a worker (a process or a Ray task), whose stderr is the parent's redirected one only if
+    it was forked: a forkserver, spawn or Ray worker would print datatrove's log."""
+    quiet, _null = False, None
+
+    def _run_for_rank(self, *args, **kwargs):
+        if not self.quiet: return super()._run_for_rank(*args, **kwargs)
+        # left open: the console sink datatrove adds back as the task ends writes to it after
+        if _QuietTasks._null is None: _QuietTasks._null = open(os.devnull, "w")
+        with contextlib.redirect_stderr(_QuietTasks._null):
+            return super()._run_for_rank(*args, **kwargs)
+
+class _LocalExecutor(_QuietTasks, LocalPipelineExecutor): pass
+
+
 # %% ../nbs/69a_pile_pipeline.ipynb #d8211109
-def _executor(kind: str, steps: list, tasks: int, workers: int, logging_dir: str):
+def _executor(kind: str, steps: list, tasks: int, workers: int, logging_dir: str,
+              quiet: bool = False):
     kw = dict(tasks=tasks, workers=max(1, min(workers, tasks)), logging_dir=logging_dir)
-    if kind == "local": return LocalPipelineExecutor(steps, start_method=_start_method(), **kw)
-    if kind == "ray":
+    if kind == "local": ex = _LocalExecutor(steps, start_method=_start_method(), **kw)
+    elif kind == "ray":
         from datatrove.executor import RayPipelineExecutor
-        return RayPipelineExecutor(steps, cpus_per_task=1, mem_per_cpu_gb=0.5, **kw)
-    raise ValueError(f"executor must be 'local' or 'ray', got {kind!r}")
+        class _RayExecutor(_QuietTasks, RayPipelineExecutor): pass
+        ex = _RayExecutor(steps, cpus_per_task=1, mem_per_cpu_gb=0.5, **kw)
+    else: raise ValueError(f"executor must be 'local' or 'ray', got {kind!r}")
+    ex.quiet = quiet
+    return ex
 
 def run_pipeline(stages: list[Stage], logging_dir, tasks: int = 1, workers: int = 1,
                  executor: str = "local", quiet: bool = True) -> None:
@@ -424,7 +444,7 @@ def run_pipeline(stages: list[Stage], logging_dir, tasks: int = 1, workers: int 
     `quiet`: datatrove's log goes to its files (`logging_dir/<stage>/logs`) only, not to stderr."""
     for st in stages:
         n, where = st.tasks or tasks, f"{Path(logging_dir).absolute()}/{st.name}"
-        ex = _executor(executor, st.steps, n, workers, where)
+        ex = _executor(executor, st.steps, n, workers, where, quiet)
         with (open(os.devnull, "w") as null,
               contextlib.redirect_stderr(null if quiet else sys.stderr)):
             setup_default_logger()   # loguru's console sink: to where stderr now goes

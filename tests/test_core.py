@@ -1,5 +1,5 @@
 """Core: seeds, device choice, atomic checkpoints (a killed write leaves nothing under the final name), results."""
-import contextlib, os, signal, subprocess, sys, time
+import contextlib, os, re, signal, subprocess, sys, time
 
 import numpy as np
 import pytest
@@ -132,3 +132,35 @@ def test_record_and_read(monkeypatch, tmp_path):
     assert read_results() == {"nb1": {"acc": 0.5, "t": 2.0}, "nb2": {"acc2": 0.9}}
     with pytest.raises(TypeError, match="not JSON"): record("x", object())
     with pytest.raises(ValueError): record("", 1)
+
+
+# ---- worker processes ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("platform, methods, want", [
+    ("linux", ["fork", "spawn", "forkserver"], "fork"), ("linux", ("spawn", "forkserver"), "forkserver"),
+    ("darwin", ["spawn", "fork", "forkserver"], "forkserver"), ("win32", ["spawn"], "spawn"),
+    ("linux", {"spawn"}, "spawn")])
+def test_start_method_forks_on_linux_only(monkeypatch, platform, methods, want):
+    from course_lib.core import start_method
+    monkeypatch.setattr(sys, "platform", platform)
+    assert start_method(methods) == want
+
+
+@pytest.mark.parametrize("methods, err, says", [
+    ("forkserver", TypeError, "'forkserver'"), (0, TypeError, "got 0"), ([1], TypeError, "[1]"),
+    ([], ValueError, "[]"), (["FORK"], ValueError, "['FORK']")])
+def test_start_method_names_bad_methods(methods, err, says):
+    "A bare str is not read letter by letter ('fork' in 'forkserver'); no usable method is an error, not spawn."
+    from course_lib.core import start_method
+    with pytest.raises(err, match=re.escape(says)): start_method(methods)
+
+
+def test_forking_beside_threads_silences_only_the_fork_warning():
+    import warnings
+    from course_lib.core import forking_beside_threads
+    msg = "This process (pid=1) is multi-threaded, use of fork() may lead to deadlocks in the child."
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with forking_beside_threads(): warnings.warn(msg, DeprecationWarning)
+        with pytest.raises(DeprecationWarning): warnings.warn(msg, DeprecationWarning)
+        with forking_beside_threads(), pytest.raises(UserWarning): warnings.warn("another", UserWarning)

@@ -264,6 +264,23 @@ def test_local_workers_are_forked_copies(tmp_path, monkeypatch):
     assert [s["mark"] for s in seen] == ["set in the parent"] * 2, seen
 
 
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_quiet_workers_print_nothing_whatever_the_start_method(tmp_path, capfd, monkeypatch, method):
+    """`quiet` (run_clean's default) keeps datatrove's log off stderr in workers that are not forked
+    copies of this process too: forkserver (macOS) and spawn (Windows) workers do not inherit this
+    process's redirected stderr. The output is the forked run's."""
+    import course_lib.pile_pipeline as pp
+    d = corpus(tmp_path, shards=2, per=6, seed=3)
+    run_clean(d, tmp_path/"fork", dedup="exact", tasks=2, workers=2)
+    capfd.readouterr()
+    monkeypatch.setattr(pp, "_start_method", lambda: method)
+    run_clean(d, tmp_path/"other", dedup="exact", tasks=2, workers=2)
+    err = capfd.readouterr().err
+    assert err == "", err[:2000]
+    shards = lambda o: {f.name: f.read_bytes() for f in sorted(o.glob("*.jsonl.zst"))}
+    assert shards(tmp_path/"other") == shards(tmp_path/"fork") != {}
+
+
 def test_tasks_and_workers_must_be_ints(tmp_path):
     "A count that is not an int is named as such, with its value as written (not '3' shown as 3)."
     d = corpus(tmp_path, shards=1, per=3, seed=1)
