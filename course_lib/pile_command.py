@@ -191,14 +191,16 @@ def _pile_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="documents and bytes per pile_set_name")
     s.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    s.add_argument("--errors", choices=("strict", "skip"), default="strict")
+    s.add_argument("--errors", choices=("strict", "skip"), default="strict",
+                   help="a malformed line: stop (strict, the default) or skip and count it")
     s.add_argument("--processes", type=int, default=1,
                    help="read several files (or a folder's shards) in parallel processes")
     b = sub.add_parser("build-mini",
                        help="write the mini-Pile (train/val/test .jsonl.zst) into OUT")
     b.add_argument("out")
     b.add_argument("--max-mb", type=float, default=4.0, help="MB of text per subset (default 4)")
-    b.add_argument("--max-doc-kb", type=float, default=256)
+    b.add_argument("--max-doc-kb", type=float, default=256,
+                   help="leave out source files larger than this, in KB (default 256)")
     _clean_parser(sub)
     return p
 
@@ -261,6 +263,10 @@ def _stats_parts(tasks: list[str], errors: str, processes: int) -> list[tuple[di
             return [futs[i].result() for i in range(len(tasks))]
     return [_stats_one(f, errors) for f in tasks]
 
+
+def _skipped_note(n: int) -> str: return f"({n} bad line{'' if n == 1 else 's'} skipped)"
+
+
 # %% ../nbs/66_pile_command.ipynb #1bd61b5e
 def _decontaminate_paths(value: str | None) -> list[str] | None:
     "`--decontaminate`: an existing path, or mini-Pile split names (val, test, val,test)."
@@ -287,13 +293,16 @@ def _clean(a) -> int:
         kw["decontaminate"] = _decontaminate_paths(a.decontaminate)
         pp.check_clean_args(a.input, a.output, workers=a.workers, **kw)
     except (ValueError, FileNotFoundError) as e: return say(e, 2)
+    n = len(pp._reader(a.input, a.errors, Path(a.output)).files())
+    if a.tasks > n: say(f"note: {a.tasks} tasks for {n} shard(s): a task reads whole shards, so "
+                        f"{a.tasks - n} task(s) will have nothing to read", 0)
     try: rep = pp.run_clean(a.input, a.output, workers=a.workers, **kw)
     except (PileFormatError, OSError, RuntimeError) as e: return say(e, 1)
     print(format_table(rep.table()))
     print(f"kept {rep.documents_kept} of {rep.documents_in} documents "
           f"({rep.bytes_kept / 1e6:.2f} of {rep.bytes_in / 1e6:.2f} MB) in {len(rep.files)} "
           f"shard(s) in {a.output}, removal logs in {Path(a.output)/'.clean'/'removed'}")
-    if rep.skipped_lines: print(f"({rep.skipped_lines} bad lines skipped)")
+    if rep.skipped_lines: print(_skipped_note(rep.skipped_lines))
     return 0
 
 
@@ -323,7 +332,7 @@ def _stats(a) -> int:
     if a.json: print(json.dumps({"subsets": rows, "skipped_lines": skipped}, indent=1))
     else:
         print(format_table(rows))
-        if skipped: print(f"({skipped} bad lines skipped)")
+        if skipped: print(_skipped_note(skipped))
     return 0
 
 def pile_main(argv: list[str]) -> int:

@@ -143,7 +143,7 @@ def test_pile(tmp_path):
     assert rows["total"]["bytes"] == sum(len(d["text"].encode()) for d in DOCS)
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\nnot json\n{"text": "ok too"}\n')
     r = course("pile", "stats", tmp_path / "bad.jsonl", "--errors", "skip")
-    assert "(1 bad lines skipped)" in r.stdout and r.stdout.splitlines()[-2].split()[:2] == ["total", "2"]
+    assert "(1 bad line skipped)" in r.stdout and r.stdout.splitlines()[-2].split()[:2] == ["total", "2"]
     r = course("pile", "build-mini", tmp_path / "mini", "--max-mb", "0.01", "--max-doc-kb", "4")
     for split in ("train", "val", "test"):
         f = tmp_path / "mini" / f"{split}.jsonl.zst"

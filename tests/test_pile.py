@@ -317,7 +317,7 @@ def test_cli_stats(tmp_path, capsys):
     lines_zst(tmp_path / "d.jsonl.zst", b'{"text": "a"}\nnot json\n')
     assert pile_main(["stats", str(tmp_path / "d.jsonl.zst")]) == 1 and "line 2" in capsys.readouterr().err
     assert pile_main(["stats", "--errors", "skip", str(tmp_path / "d.jsonl.zst")]) == 0
-    assert "1 bad lines skipped" in capsys.readouterr().out
+    assert "(1 bad line skipped)" in capsys.readouterr().out
 
 
 def test_cli_stats_processes(tmp_path, capsys):

@@ -237,6 +237,17 @@ def test_cli_clean(tmp_path, capsys):
     assert "not a previous run" in capsys.readouterr().err
 
 
+def test_cli_clean_says_when_tasks_outnumber_shards(tmp_path, capsys):
+    "A task reads whole shards: more tasks than shards leaves some idle, and the command says so (and runs)."
+    d = corpus(tmp_path, shards=2, per=6, seed=4)
+    assert pile_main(["clean", str(d), str(tmp_path/"a"), "--tasks", "2"]) == 0
+    assert "note" not in capsys.readouterr().err
+    assert pile_main(["clean", str(d/"00.jsonl.zst"), str(tmp_path/"b"), "--tasks", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert "3 tasks for 1 shard(s)" in err and "2 task(s) will have nothing to read" in err, err
+    assert "kept" in out
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
 def test_local_workers_are_forked_copies(tmp_path, monkeypatch):
     """On Linux the local executor's workers start as copies of this process (fork): they see what
