@@ -104,14 +104,15 @@ def writer_ceiling(shards, t_read: float, folder: Path, n_docs: int, rep) -> lis
             ("write_jsonl_zst(level=3), as PileWriter", lambda: write_jsonl_zst(folder / "l3.jsonl.zst", records, level=3))]
     rows = [{"writing (1 thread)": "read_jsonl_zst alone (nothing written)", "ms/doc": t_read / n_docs * 1e3,
              "ceiling x read_jsonl_zst": 1.0}]
+    times = {}
     for name, fn in runs:
-        t, _ = timed(fn)
+        times[name] = t = timed(fn)[0]
         rows.append({"writing (1 thread)": f"+ {name}", "ms/doc": t / n_docs * 1e3,
                      "ceiling x read_jsonl_zst": t_read / (t_read + t)})
     # run_clean(dedup="exact") reads the input, writes what the filters keep, reads that again for the dedup
     # stage and writes what it keeps: its own I/O at these rates (a text byte costs the same everywhere)
     b_in, b_mid = rep.bytes_in, rep.bytes_kept + rep.removed.get("exact-dedup", {}).get("bytes", 0)
-    t3 = t   # the last row's: level 3, as PileWriter
+    t3 = times["write_jsonl_zst(level=3), as PileWriter"]
     t_io = t_read * (1 + b_mid / b_in) + t3 * (b_mid + rep.bytes_kept) / b_in
     rows.append({"writing (1 thread)": "run_clean(dedup='exact')'s own reads and writes (steps free)",
                  "ms/doc": (t_io - t_read) / n_docs * 1e3, "ceiling x read_jsonl_zst": t_read / t_io})

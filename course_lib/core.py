@@ -416,7 +416,7 @@ def start_method(methods: list[str] | None = None) -> str:
     if sys.platform.startswith("linux") and "fork" in methods: return "fork"
     for m in ("forkserver", "spawn"):
         if m in methods: return m
-    raise ValueError(f"methods has neither 'forkserver' nor 'spawn': {list(methods)!r}")
+    raise ValueError(f"methods has neither 'forkserver' nor 'spawn': {methods!r}")
 
 
 @contextlib.contextmanager

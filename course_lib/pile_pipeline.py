@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from datatrove.data import Document, DocumentsPipeline
-from datatrove.executor import LocalPipelineExecutor
+from datatrove.executor import LocalPipelineExecutor, RayPipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets,
                                               MinhashDedupCluster, MinhashDedupFilter,
@@ -421,6 +421,7 @@ class _QuietTasks:
             return super()._run_for_rank(*args, **kwargs)
 
 class _LocalExecutor(_QuietTasks, LocalPipelineExecutor): pass
+class _RayExecutor(_QuietTasks, RayPipelineExecutor): pass
 
 
 # %% ../nbs/69a_pile_pipeline.ipynb #d8211109
@@ -428,10 +429,7 @@ def _executor(kind: str, steps: list, tasks: int, workers: int, logging_dir: str
               quiet: bool = False):
     kw = dict(tasks=tasks, workers=max(1, min(workers, tasks)), logging_dir=logging_dir)
     if kind == "local": ex = _LocalExecutor(steps, start_method=_start_method(), **kw)
-    elif kind == "ray":
-        from datatrove.executor import RayPipelineExecutor
-        class _RayExecutor(_QuietTasks, RayPipelineExecutor): pass
-        ex = _RayExecutor(steps, cpus_per_task=1, mem_per_cpu_gb=0.5, **kw)
+    elif kind == "ray": ex = _RayExecutor(steps, cpus_per_task=1, mem_per_cpu_gb=0.5, **kw)
     else: raise ValueError(f"executor must be 'local' or 'ray', got {kind!r}")
     ex.quiet = quiet
     return ex
