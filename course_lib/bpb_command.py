@@ -12,8 +12,9 @@ import torch
 from .bpb import bpb, model_window
 from .compressors import compressor_table
 from .jsonl_zst import PileFormatError, ReadStats
-from .pile_corpus import load_corpus
+from .pile_corpus import check_zstd_dict, load_corpus
 from .pile_command import format_table
+from .weight_files import folder_problem
 
 # %% auto #0
 __all__ = ['read_hf_lm', 'load_local_lm', 'bpb_main']
@@ -21,9 +22,14 @@ __all__ = ['read_hf_lm', 'load_local_lm', 'bpb_main']
 # %% ../nbs/68_bpb_command.ipynb #78ec7cf6
 def read_hf_lm(path, fix: str):
     """`(model, tokenizer)` of the Hugging Face directory `path` (float32, offline). A damaged or
-    missing file raises `ValueError` naming the directory, the parser's first line and `fix` (what
-    to do), not a parser's traceback from inside transformers or safetensors."""
+    missing file raises `ValueError` naming the directory and `fix` (what to do), not a parser's
+    traceback from inside transformers or safetensors: with the damaged file and what is wrong
+    with it (`weight_files.folder_problem`: cut short, empty, a web page, a Git LFS pointer, JSON
+    that does not parse), else the parser's first line."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if bad := folder_problem(path):
+        raise ValueError(f"{path}: the model directory is damaged or incomplete ({bad[0]} "
+                         f"{bad[1]}): {fix}")
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
@@ -50,6 +56,7 @@ def load_local_lm(path: str | os.PathLike, device=None):
     if device is not None: model.to(device)
     return model.eval(), tok
 
+# %% ../nbs/68_bpb_command.ipynb #a3de0d40
 def _finite_or_null(x):
     "`x` with every NaN or infinity (an undefined figure) replaced by None, for JSON."
     if isinstance(x, float): return x if math.isfinite(x) else None
@@ -75,6 +82,8 @@ def _bpb_parser() -> argparse.ArgumentParser:
                    help="skip: skip (and count) bad lines instead of stopping at the first")
     p.add_argument("--compressors", action="store_true",
                    help="also report gzip/bz2/lzma/zstd BPB per subset")
+    p.add_argument("--zstd-dict", metavar="FILE", default=None,
+                   help="the zstd dictionary the .zst files were compressed with (zstd -D FILE)")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -82,6 +91,9 @@ def _bad_argument(a) -> str | None:
     "What is wrong with the arguments `a` (a missing file, a number < 1), or None."
     missing = [f for f in a.files if not Path(f).exists()]
     if missing: return f"no such file or folder: {', '.join(missing)}"
+    if a.zstd_dict is not None and not Path(a.zstd_dict).is_file():
+        return (f"--zstd-dict {a.zstd_dict}: no such file (the zstd dictionary the files were "
+                f"compressed with)")
     for k in ("window", "stride", "batch_size", "max_docs"):
         v = getattr(a, k)
         if v is not None and v < 1: return f"--{k.replace('_', '-')} must be >= 1, got {v}"
@@ -102,7 +114,8 @@ def _score_files(a, model, tok) -> tuple:
     with warnings.catch_warnings(record=True) as caught:   # a folder's skipped files, said once
         warnings.simplefilter("always", UserWarning)
         stats = ReadStats()
-        records = (r for f in a.files for r in load_corpus(f, a.errors, stats))
+        records = (r for f in a.files
+                   for r in load_corpus(f, a.errors, stats, dict_data=a.zstd_dict))
         docs = list(itertools.islice(records, a.max_docs))   # streamed: reads no further
     for w in caught: print(f"course bpb: {w.message}", file=sys.stderr)
     if a.errors == "skip":
@@ -116,8 +129,9 @@ def _score_files(a, model, tok) -> tuple:
 # %% ../nbs/68_bpb_command.ipynb #9241d4e1
 def bpb_main(argv: list[str]) -> int:
     """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
-    [--errors {strict,skip}] [--compressors] [--json]`. Exit 2 for a bad argument, a window longer
-    than the model's context, or no text to score, 1 for a damaged data file. With `--json`, a
+    [--errors {strict,skip}] [--compressors] [--zstd-dict FILE] [--json]`. Exit 2 for a bad
+    argument, a window longer than the model's context, or no text to score, 1 for a damaged data
+    file or one that needs another zstd dictionary (`--zstd-dict`). With `--json`, a
     figure that is undefined (the BPB of a subset whose documents are all empty) is null. With
     `--errors skip`, the number of bad lines skipped is printed (`skipped_lines` in the JSON)."""
     def fail(msg, code):
@@ -126,6 +140,8 @@ def bpb_main(argv: list[str]) -> int:
     try: a = _bpb_parser().parse_args(argv)
     except SystemExit as e: return int(e.code or 0)
     if (bad := _bad_argument(a)) is not None: return fail(bad, 2)
+    try: check_zstd_dict(a.files, a.zstd_dict)   # before the model loads: 10 bytes a file
+    except PileFormatError as e: return fail(e, 1)
     try: model, tok = load_local_lm(a.model)
     except (FileNotFoundError, OSError, ValueError) as e: return fail(e, 2)
     try: rep, docs, stats = _score_files(a, model, tok)

@@ -12,8 +12,9 @@ import numpy as np
 from .core import CacheNotWritable, atomic_write, restore_pretrained
 
 # %% auto #0
-__all__ = ['data_fingerprint', 'cache_key', 'code_fingerprint', 'StaleCacheWarning', 'cache_record_path', 'record_cached',
-           'check_cached', 'cache_lock', 'cached', 'is_cached']
+__all__ = ['OPTIMIZER_SETTINGS', 'data_fingerprint', 'cache_key', 'code_fingerprint', 'StaleCacheWarning', 'cache_record_path',
+           'record_cached', 'check_cached', 'cache_lock', 'cached', 'is_cached', 'ResumeWarning', 'resume_changes',
+           'set_hyperparams']
 
 # %% ../nbs/07_cache.ipynb #d4e6cc06
 import dataclasses, hashlib, math
@@ -315,3 +316,48 @@ def is_cached(path: str | os.PathLike) -> bool:
     except ValueError:
         return False
     return (pretrained_dir() / rel).exists()
+
+# %% ../nbs/07_cache.ipynb #7d2b9e31
+class ResumeWarning(UserWarning):
+    "A run resumed from its checkpoint trains on with settings that differ from the checkpoint's."
+
+def resume_changes(meta: dict, now: dict, step: int, where, fixed=(), error=ValueError,
+                   quiet=("steps", "checkpoint_every")) -> list[dict]:
+    """The checkpoint's list of changes with this resume's added: `meta` is the checkpoint's header
+    (`meta['config']` the settings it was trained with, a dict or JSON, and `meta['changes']` JSON,
+    if any), `now` the resumed run's config dict (compared as JSON). Adds
+    `{"step": step, name: [old, new], ...}` for the settings that differ. Raises `error` naming
+    each of `fixed` that differs, with both values (they change the network, the objective or the
+    data), and warns (`ResumeWarning`) naming every other changed setting with both values, except
+    the `quiet` ones: those take effect from `step`."""
+    import warnings
+    was = meta.get("config") or {}
+    was, now = json.loads(was) if isinstance(was, str) else was, json.loads(json.dumps(now))
+    diff = {k: [was.get(k), v] for k, v in now.items() if was.get(k) != v}
+    if bad := [k for k in fixed if k in diff]:
+        raise error(f"checkpoint {where} was trained with other settings: " + ", ".join(
+            f"{k}={diff[k][0]!r} there, {diff[k][1]!r} requested" for k in bad) + ". Resume "
+            "with the checkpoint's values, or train a fresh run in another folder.")
+    if loud := [k for k in diff if k not in quiet]:
+        warnings.warn(f"resuming {where} at step {step} with changed settings: " + ", ".join(
+            f"{k} {diff[k][0]!r} -> {diff[k][1]!r}" for k in loud) + f"; they take effect "
+            f"from step {step} on (recorded in the checkpoint's 'changes')", ResumeWarning,
+            stacklevel=3)
+    return json.loads(meta.get("changes") or "[]") + ([{"step": step, **diff}] if diff else [])
+
+# %% ../nbs/07_cache.ipynb #3f8e1d6a
+OPTIMIZER_SETTINGS = ("lr", "weight_decay", "betas", "eps", "momentum")
+
+def set_hyperparams(opt, config, sched=None) -> None:
+    """Write the optimizer settings `config` has (`OPTIMIZER_SETTINGS`) into every param group of
+    `opt` that has them, after `opt.load_state_dict` brought back the checkpoint's. With `sched`
+    (a `LambdaLR` whose state was loaded), `config.lr` is the peak: `sched.base_lrs` become it, and
+    each group's lr is it times the schedule's factor at the step the scheduler has reached."""
+    for i, g in enumerate(opt.param_groups):
+        g.update({k: getattr(config, k) for k in OPTIMIZER_SETTINGS
+                  if hasattr(config, k) and k in g})
+        if sched is not None:
+            g["initial_lr"], g["lr"] = config.lr, config.lr * sched.lr_lambdas[i](sched.last_epoch)
+    if sched is not None:
+        sched.base_lrs = [config.lr] * len(opt.param_groups)
+        sched._last_lr = [g["lr"] for g in opt.param_groups]

@@ -303,7 +303,7 @@ def load_checkpoint(path: str | os.PathLike,
     """Load what `save_checkpoint` wrote: returns `(state, metadata)`.
 
     Raises `FileNotFoundError` if `path` is missing and `ValueError` if it is not a safetensors
-    file."""
+    file, saying what it is (`weight_files.weights_problem`: a web page, empty, cut short)."""
     from safetensors.torch import load_file
     from safetensors import safe_open
     path = Path(path)
@@ -313,10 +313,10 @@ def load_checkpoint(path: str | os.PathLike,
         with safe_open(str(path), framework="pt") as f:
             meta = dict(f.metadata() or {})
         tensors = load_file(str(path), device=str(device))
-    except Exception as e:
-        raise ValueError(f"{path} is not a readable safetensors file "
-                         f"({type(e).__name__}: {e}): it is damaged or was cut short. In the "
-                         "course cache, delete it and load again (a copy shipped with the "
+    except Exception as e:     # says what the file is instead: a web page, empty, cut short...
+        from course_lib.weight_files import why_unreadable
+        raise ValueError(f"{path} is not a readable safetensors file ({why_unreadable(path, e)})."
+                         " In the course cache, delete it and load again (a copy shipped with the "
                          "package is restored, or the model is trained anew)") from e
     skeleton = meta.pop("course_lib.structure", None)
     state = _unflatten(json.loads(skeleton), tensors) if skeleton else tensors

@@ -11,7 +11,7 @@ import torch
 
 # %% auto #0
 __all__ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_timesteps', 'check_prediction_type',
-           'check_ddpm_config', 'check_num_steps', 'check_class_labels', 'step_options']
+           'check_ddpm_config', 'check_num_steps', 'check_batch_size', 'check_class_labels', 'step_options']
 
 # %% ../nbs/14_ddpm_checks.ipynb #df29ed3c
 PREDICTION_TYPES = ("epsilon", "v_prediction")
@@ -88,6 +88,16 @@ def check_num_steps(num_inference_steps, num_train_timesteps: int) -> int:
         raise ValueError(f"num_inference_steps must be an int in [1, {T}] (the model's training "
                          f"timesteps), got {n!r}")
     return int(n)
+
+def check_batch_size(batch_size, n: int) -> int:
+    """Images per network call: `batch_size` as an int >= 1, None meaning all `n` at once. Else a
+    `ValueError` naming the value (0 is not "all at once")."""
+    if batch_size is None: return n
+    b = batch_size
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+        raise ValueError(f"batch_size must be an int >= 1 (None: all {n} at once), "
+                         f"got {batch_size!r}")
+    return int(batch_size)
 
 def check_class_labels(model, n: int, class_labels) -> torch.Tensor | None:
     """`class_labels` (an int or `n` ints) as `(n,)` int64 checked against the classes of `model` (a

@@ -134,11 +134,10 @@ import copy, json, math, os, time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
+from .cache import resume_changes, set_hyperparams
 from .core import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
 from .core import patch_to
 from .data import Digits, to_float
@@ -208,7 +207,7 @@ def _step_generator(gen: torch.Generator, seed: int, step: int, rank: int) -> to
 
 # %% ../nbs/15_training_runs.ipynb #50e136b0
 class CheckpointMismatch(ValueError):
-    "A checkpoint was written for another network architecture than the one requested."
+    "A checkpoint was written for another network, objective or data than the one requested."
 
 def checkpoint_path(checkpoint_dir: str | os.PathLike) -> Path:
     "The training checkpoint file in `checkpoint_dir`."
@@ -266,7 +265,7 @@ class _Run:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                      weight_decay=cfg.weight_decay)
         self.lr_sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
-        self.start, self.losses, self.ck = 0, [], None
+        self.start, self.losses, self.ck, self.changes = 0, [], None, []
         self.gen = torch.Generator()
 
     def finish(self, secs: float, n_img: int) -> nn.Module:
@@ -284,7 +283,10 @@ def prepare(self, checkpoint_dir=None, resume: bool = True):
     self.ck = checkpoint_path(checkpoint_dir) if checkpoint_dir is not None else None
     state = None
     if self.ck is not None and resume and self.ck.is_file():
-        state, _ = read_checkpoint(checkpoint_dir, self.cfg)
+        state, meta = read_checkpoint(checkpoint_dir, self.cfg)
+        self.changes = resume_changes(meta, self.cfg.to_dict(), int(state["step"]), self.ck, (
+            "classes", "num_train_timesteps", "beta_schedule", "beta_start", "beta_end",
+            "prediction_type"), CheckpointMismatch)         # the data and the objective: fixed
         try:
             self.model.load_state_dict(state["model"])
             self.ema.load_state_dict(state["ema"])
@@ -297,11 +299,13 @@ def prepare(self, checkpoint_dir=None, resume: bool = True):
     self.model, self.opt = self.acc.prepare(self.model, self.opt)
     if state is not None:       # after prepare: the optimizer state follows the prepared weights
         self.opt.load_state_dict(state["optimizer"])
+        set_hyperparams(self.opt, self.cfg, self.lr_sched)   # this run's lr, not the checkpoint's
         if self.acc.scaler is not None and state.get("grad_scaler"):   # fp16's loss scale
             self.acc.scaler.load_state_dict(state["grad_scaler"])
     self.ema.to(self.acc.device)
     return self
 
+# %% ../nbs/15_training_runs.ipynb #5e7b2c90
 @patch_to(_Run)
 def save(self, step: int):
     acc = self.acc
@@ -312,8 +316,8 @@ def save(self, step: int):
                  "step": step, "losses": self.losses,
                  "rng": {"torch": torch.get_rng_state(), "generator": self.gen.get_state()}}
         if acc.scaler is not None: state["grad_scaler"] = acc.scaler.state_dict()
-        meta = {"config": json.dumps(self.cfg.to_dict()), "step": str(step)}
-        save_checkpoint(self.ck, state, meta)
+        save_checkpoint(self.ck, state, {"config": json.dumps(self.cfg.to_dict()),
+                                         "step": str(step), "changes": json.dumps(self.changes)})
     acc.wait_for_everyone()
 
 # %% ../nbs/15_training_runs.ipynb #90e95546
@@ -366,14 +370,15 @@ def train_ddpm(config: DDPMConfig | None = None, dataset=None,
     pairs (default `default_dataset(config)`). `checkpoint_dir`: where `checkpoint.safetensors` is
     written, atomically by the main process, every `config.checkpoint_every` steps and at the end.
     With `resume=True` an existing checkpoint there is continued from its step (the loss curve
-    continues exactly: per-step RNG seeded by `(seed, step, rank)`). `callback(step, loss)` is
-    called after every step (raise in it to stop). Works under `accelerate launch` and `torchrun`.
+    continues exactly: per-step RNG seeded by `(seed, step, rank)`), changed settings from there
+    (a `ResumeWarning` names them). `callback(step, loss)` is called after every step (raise in it
+    to stop). Works under `accelerate launch` and `torchrun`.
 
     Returns the EMA model (`diffusers.UNet2DModel`, eval mode, on the accelerator's device) with
     `.history = {'loss': [float per step], 'seconds': float, 'images_per_second': float}`,
     `.raw_model` (the non-averaged weights) and `.ddpm_config`. Raises `ValueError` for a bad config
-    or dataset, `CheckpointMismatch` for a checkpoint of another architecture, `FloatingPointError`
-    when the loss becomes NaN or infinite (the last good checkpoint is kept)."""
+    or dataset, `CheckpointMismatch` for a checkpoint of another network, data or objective,
+    `FloatingPointError` when the loss becomes NaN or infinite (the last good checkpoint kept)."""
     from tqdm.auto import tqdm
     cfg = (config or DDPMConfig()).validate()
     run = _Run(cfg, dataset, accelerator).prepare(checkpoint_dir, resume)

@@ -190,25 +190,81 @@ def _diagnose(got, args: tuple, mistakes: dict[str, Callable] | None, atol: floa
     return None
 
 # %% ../nbs/93_exercises_core.ipynb #d6f8b0c4
-def _arrays_only(x) -> bool:
-    "Is `x` a tensor or array, or a non-empty list or tuple of them (what in-place edits change)?"
-    if isinstance(x, (torch.Tensor, np.ndarray)): return True
-    return isinstance(x, (list, tuple)) and len(x) > 0 and all(map(_arrays_only, x))
+def _tensor_change(before, after, at: str) -> str | None:
+    "Where tensor or array `after` differs from `before` (`at` names it), in words, or None."
+    b, a = map(torch.as_tensor, (before, after))   # a NumPy array shares its memory
+    if b.shape != a.shape or b.dtype != a.dtype:
+        return f"`{at}` changed from {tuple(b.shape)} {b.dtype} to {tuple(a.shape)} {a.dtype}"
+    same = (a == b) | ((a != a) & (b != b))   # a NaN that stays NaN is unchanged
+    if bool(same.all()): return None
+    idx = tuple((~same).nonzero()[0].tolist())
+    return (f"`{at}`{f' at index {idx}' if idx else ''}: was {_fmt(b[idx])}, now {_fmt(a[idx])}, "
+            f"{int((~same).sum())} of {b.numel()} elements changed")
 
 
-def _changed_inputs(before: tuple, after: tuple, fn: Callable) -> str | None:
-    """Which tensor arguments `fn` changed in place (`after` is its copy of the arguments `before`),
-    in words, or None."""
-    try: names = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError): names = []
-    hits = []
-    for i, (b, a) in enumerate(zip(before, after)):
-        try: changed = _arrays_only(b) and _compare(a, b, 0.0, 0.0) is not None
-        except Exception: changed = False
-        if changed: hits.append(f"`{names[i]}`" if i < len(names) else f"argument {i + 1}")
-    if not hits: return None
-    return (f"your function changed its input {', '.join(hits)} in place (an operation ending "
-            "in _, such as add_, or an assignment x[...] = ...): work on a copy (x = x.clone())")
+def _first_change(before, after, at: str) -> str | None:
+    """Where the learner's copy `after` of an argument differs from `before` (`at` names it, as
+    `ema[1]`), in words, or None: tensors and arrays by element, lists, tuples, dicts by item, an
+    nn.Module by its state_dict, numbers, strings, paths, sets by value, others (functions) not."""
+    if isinstance(before, torch.nn.Module) and isinstance(after, torch.nn.Module):
+        before, after = before.state_dict(), after.state_dict()
+    if isinstance(before, (torch.Tensor, np.ndarray)): return _tensor_change(before, after, at)
+    if isinstance(before, dict) and isinstance(after, dict):
+        moved = [k for k in before if k not in after] + [k for k in after if k not in before]
+        if moved: return f"`{at}` was {_short(before)}, now {_short(after)} (key {moved[0]!r})"
+        pairs = ((f"{at}[{k!r}]", before[k], after[k]) for k in before)
+    elif isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)):
+        if len(before) != len(after): return f"`{at}` had {len(before)} items, now {len(after)}"
+        pairs = ((f"{at}[{i}]", b, a) for i, (b, a) in enumerate(zip(before, after)))
+    elif isinstance(before, (str, bytes, Real, np.number, PurePath, set, frozenset)):
+        same = before == after or (before != before and after != after)   # NaN stays NaN
+        return None if same else f"`{at}` was {_short(before)}, now {_short(after)}"
+    else: return None
+    return next((c for w, b, a in pairs if (c := _first_change(b, a, w))), None)
+
+# %% ../nbs/93_exercises_core.ipynb #c53af479
+def _positional(fn: Callable) -> list[str]:
+    try: ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError): return []
+    return [p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _in_place_hint(arg, n: str) -> str:
+    "What to write instead of changing the argument `arg`, named `n`, in place."
+    if isinstance(arg, torch.nn.Module):
+        return f"change a copy (`{n} = copy.deepcopy({n})`), not the model you were given"
+    if isinstance(arg, np.ndarray):
+        return f"write `{n} * a + b`, not `{n} *= a`, or work on a copy first (`{n} = {n}.copy()`)"
+    if isinstance(arg, torch.Tensor):
+        return (f"write `{n} * a + b`, not `{n}.mul_(a).add_(b)` (an operation ending in _ changes "
+                f"the caller's tensor), or work on a copy first (`{n} = {n}.clone()`)")
+    if isinstance(arg, (list, tuple)) and arg and all(isinstance(v, torch.Tensor) for v in arg):
+        return (f"return new tensors (`v * a + b`, not `v.mul_(a).add_(b)`), or clone them first "
+                f"(`{n} = [v.clone() for v in {n}]`)")
+    return (f"build new lists and dicts (`sorted({n})`, not `{n}.sort()`; `{{**d, 'k': v}}`, not "
+            f"`d['k'] = v`), or work on a copy first (`{n} = copy.deepcopy({n})`)")
+
+# %% ../nbs/93_exercises_core.ipynb #03af47f4
+def _in_place(args: tuple, mine: tuple, learner_fn: Callable, reference_fn: Callable,
+              allowed: dict[str, str]) -> tuple[str | None, str | None]:
+    """What the learner's function changed in place (`mine`, its copy of `args`, after the call):
+    (changes to arguments `allowed` does not name, by the reference's names, in words with a hint;
+    a note on those it names, with why that is fine), each None where none."""
+    ref, own = _positional(reference_fn), _positional(learner_fn)
+    bad, ok = [], []
+    for i, (b, a) in enumerate(zip(args, mine)):
+        n = own[i] if i < len(own) else ref[i] if i < len(ref) else f"argument {i + 1}"
+        try: where = _first_change(b, a, n)
+        except Exception: where = None   # values that cannot be read (a tensor on another device)
+        if where: (ok if i < len(ref) and ref[i] in allowed else bad).append((i, n, where, b))
+    note = "; ".join(f"your function updated `{n}` in place ({w}), allowed here: {allowed[ref[i]]}"
+                     for i, n, w, _ in ok) or None
+    if not bad: return None, note
+    listed = [f"`{n}`" for _, n, _, _ in bad]
+    listed = " and ".join([", ".join(listed[:-1]), listed[-1]] if len(listed) > 1 else listed)
+    return (f"your function changed its input{'s' * (len(bad) > 1)} {listed} in place "
+            f"({'; '.join(w for _, _, w, _ in bad)}), so the caller's values are lost.\n  Hint: "
+            f"{_in_place_hint(bad[0][3], bad[0][1])}"), note
 
 
 def _safe_compare(got, want, atol: float, rtol: float) -> str | None:
@@ -220,12 +276,11 @@ def _safe_compare(got, want, atol: float, rtol: float) -> str | None:
                 f"expected {type(want).__name__}: {type(e).__name__}: {e}")
 
 # %% ../nbs/93_exercises_core.ipynb #e7a9c1d5
-def _wrong_answer(got, args: tuple, mine: tuple, learner_fn: Callable, diff: str, hint: str,
+def _wrong_answer(got, args: tuple, moved: str | None, diff: str, hint: str,
                   mistakes: dict[str, Callable] | None, nonfinite_hint: str, atol: float,
                   rtol: float) -> str:
-    """Why the learner's `got` on one case is wrong, in words: a NaN or infinity first (a NaN must
-    not match a mistake that also gives NaN), else the difference and the mistake it is, or `hint`;
-    then a note when the function changed its inputs (`mine`, its copy of `args`) in place."""
+    """Why the learner's `got` on one case is wrong, in words: a NaN or infinity first (it must not
+    match a mistake giving NaN too), else the difference and the mistake or `hint`, then `moved`."""
     try: bad = _nonfinite(got)
     except Exception: bad = None   # a tensor whose values cannot be read (another device)
     if bad:
@@ -237,16 +292,16 @@ def _wrong_answer(got, args: tuple, mine: tuple, learner_fn: Callable, diff: str
         found = _diagnose(got, args, mistakes, atol, rtol)
         why = f"this is what {found} gives" if found else hint
         msg = f"{diff}." + (f"\n  Hint: {why}." if why else "")
-    moved = _changed_inputs(args, mine, learner_fn)
     return msg + (f"\n  Note: {moved}." if moved else "")
 
 # %% ../nbs/93_exercises_core.ipynb #f8b0d2e6
 def _run_case(learner_fn: Callable, reference_fn: Callable, label: str, args: tuple,
               accepted: dict[str, Callable], used: set[str] | None, name: str, hint: str,
               mistakes: dict[str, Callable] | None, nonfinite_hint: str, atol: float,
-              rtol: float) -> CheckResult | set[str]:
-    """One case of `check`: the verdict when the learner's function fails it, else the accepted
-    answers (keys of `accepted`) that fit this case and every case before (`used`)."""
+              rtol: float, in_place: dict[str, str], notes: list[str]) -> CheckResult | set[str]:
+    """One case of `check`: the verdict when the learner's function fails it (or changed an input
+    in place), else the accepted answers (keys of `accepted`) that fit this case and every case
+    before (`used`), a change that `in_place` allows added to `notes`."""
     mine = copy.deepcopy(args)   # the learner's own copy: in-place edits change no case
     try:
         got = learner_fn(*mine)
@@ -255,48 +310,59 @@ def _run_case(learner_fn: Callable, reference_fn: Callable, label: str, args: tu
     except Exception as e:
         return _report(False, f"{name}: your function raised {type(e).__name__} on the case "
                               f"'{label}': {e}")
+    moved, kept = _in_place(args, mine, learner_fn, reference_fn, in_place)
     fits = {k for k, f in accepted.items()
             if _safe_compare(got, _call(f, args), atol, rtol) is None}
+    if fits and moved:
+        return _report(False, f"{name}: your answer is right on the case '{label}', but {moved}.")
     if fits and used is not None and not used & fits:
         return _report(False, f"{name}: on the case '{label}' your answer is "
                               f"{' or '.join(sorted(fits))}, on the cases before "
                               f"{' or '.join(sorted(used))}: pick one and use it everywhere")
+    if fits and kept and not notes: notes.append(kept)   # one note is enough
     if fits: return fits if used is None else used & fits
     diff = _safe_compare(got, _call(reference_fn, args), atol, rtol)
     return _report(False, f"{name}: not right yet on the case '{label}': "
-                   + _wrong_answer(got, args, mine, learner_fn, diff, hint, mistakes,
-                                   nonfinite_hint, atol, rtol))
+                   + _wrong_answer(got, args, moved, diff, hint, mistakes, nonfinite_hint, atol,
+                                   rtol))
 
 # %% ../nbs/93_exercises_core.ipynb #41c206ce
 def check(learner_fn: Callable, reference_fn: Callable, cases: Sequence[Case], hint: str = "",
           mistakes: dict[str, Callable] | None = None, name: str | None = None,
           atol: float = 1e-5, rtol: float = 1e-4, nonfinite_hint: str = "",
-          variants: dict[str, Callable] | None = None) -> CheckResult:
+          variants: dict[str, Callable] | None = None,
+          in_place: dict[str, str] | None = None) -> CheckResult:
     """Run `learner_fn` and `reference_fn` on every case `(label, args)`, print and return the
     verdict. The message names the first difference (type, shape, dtype, device, or the first
     element that differs, with both values and the tolerance). An answer holding NaN or inf is said
     to be so, and where, before any mistake is looked for (then `nonfinite_hint`, such as
     `_XLOGY_HINT`). `mistakes` maps a description of a usual mistake to a function computing what
-    that mistake gives: when the learner's result equals it, the hint names the mistake, else
-    `hint` is shown. `variants` maps a description to each accepted answer, the reference among
-    them: a case passes when one fits, the same one on every case, and the verdict names it. A
-    stub raising `NotImplementedError` gives "not done yet". Other exceptions, any type of answer
-    and inputs changed in place are explained in words, never raised."""
+    that mistake gives: when the learner's result equals it, the hint names it, else `hint` is
+    shown. `variants` maps a description to each accepted answer, the reference among them: a case
+    passes when one fits, the same one on every case, and the verdict names it. An answer that
+    changed an argument in place fails, right or wrong, naming it, its first changed element (old
+    and new value) and the fix, unless `in_place` maps it (the reference's name, else ValueError) to
+    why that is fine: a note then. A stub raising `NotImplementedError` is "not done yet", other
+    exceptions and any type of answer are explained in words, never raised."""
     name = name or reference_fn.__name__.removeprefix("_ref_")
+    if bad := sorted(set(in_place or ()) - set(_positional(reference_fn))):
+        raise ValueError(f"in_place names {bad}, not arguments of {reference_fn.__name__}"
+                         f"{inspect.signature(reference_fn)}: use the reference's names")
     if not callable(learner_fn):
         return _report(False, f"{name}: expected a function (def my_...), got "
                               f"{type(learner_fn).__name__} {_short(learner_fn)}")
-    accepted, used = variants or {"": reference_fn}, None
+    accepted, used, notes = variants or {"": reference_fn}, None, []
     for label, args in cases:
         used = _run_case(learner_fn, reference_fn, label, args, accepted, used, name, hint,
-                         mistakes, nonfinite_hint, atol, rtol)
+                         mistakes, nonfinite_hint, atol, rtol, in_place or {}, notes)
         if isinstance(used, CheckResult): return used
     edge = ", ".join(f"'{label}'" for label, _ in cases[1:])
     including = f" (including {edge})" if edge else ""
     which = [k for k in accepted if k in (used or ())]
     chose = (f"; you used {' or '.join(which)} (accepted: {'; '.join(accepted)})"
              if variants and which else "")
-    return _report(True, f"{name}: correct on {len(cases)} cases{including}{chose}")
+    note = "".join(f".\n  Note: {n}." for n in notes)
+    return _report(True, f"{name}: correct on {len(cases)} cases{including}{chose}{note}")
 
 # %% ../nbs/93_exercises_core.ipynb #48cf9e37
 def check_value(value, lo: float, hi: float, why: str = "", name: str = "value") -> CheckResult:

@@ -394,14 +394,15 @@ def _ref_ema_update(ema, params, decay):
 
 
 def check_ema_update(fn: Callable) -> CheckResult:
-    "Exercise: the exponential moving average of the weights; returns the list of new averages."
+    "Exercise: the EMA of the weights, the list of new averages (`ema` may change in place)."
     g = torch.Generator().manual_seed(0)
     ema, params = [_randn(3, 2, g=g), _randn(4, g=g)], [_randn(3, 2, g=g), _randn(4, g=g)]
     cases = [("decay = 0.9", (ema, params, 0.9)), ("decay = 0 (the average is the weights)",
              (ema, params, 0.0)), ("decay = 1 (the average never moves)", (ema, params, 1.0))]
     mistakes = {"decay and 1 - decay swapped (the old average keeps the weight `decay`)":
                     lambda e, p, d: _ref_ema_update(e, p, 1 - d)}
-    return check(fn, _ref_ema_update, cases, "return the list of new averages", mistakes)
+    return check(fn, _ref_ema_update, cases, "return the list of new averages", mistakes,
+                 in_place={"ema": "an EMA is updated in place, as diffusers' EMAModel.step does"})
 
 # %% ../nbs/94_exercises_ddpm.ipynb #7e44809e
 @register_solution

@@ -10,7 +10,7 @@ from pathlib import Path
 from .core import OfflineError
 from .frechet import feature_statistics, frechet_distance
 from .isc_kid import inception_score, kid
-from .metrics_images import DIGITS_FEATURE_SIZE, REFERENCES
+from .metrics_images import DIGITS_FEATURE_SIZE, REFERENCES, reference_name
 from .metrics import extract_features, reference_statistics
 from .metrics_io import (EXTRACTORS, INCEPTION_WEIGHTS_ENV, load_statistics,
                                    save_statistics)
@@ -54,7 +54,7 @@ def _is_npz(s) -> bool: return str(s).endswith(".npz")
 def _fid_other_size(a: argparse.Namespace, s) -> int:
     "The image size of the side of `course fid` that is not `s`."
     o = a.b if s == a.a else a.a
-    if _is_npz(o) or str(o) in REFERENCES: return DIGITS_FEATURE_SIZE
+    if _is_npz(o) or reference_name(o): return DIGITS_FEATURE_SIZE
     from PIL import Image
     from course_lib.data import scan_image_folder
     files = scan_image_folder(o).ok if Path(o).is_dir() else []
@@ -66,8 +66,8 @@ def _fid_stats(a: argparse.Namespace, s) -> dict:
     "FID statistics of one side `s` of `course fid`: a .npz, a reference name or a folder."
     if _is_npz(s): return load_statistics(s)
     # at the other side's size, so both go through one resize
-    if str(s) in REFERENCES:
-        return reference_statistics(str(s), a.extractor, a.weights,
+    if (name := reference_name(s)) is not None:
+        return reference_statistics(name, a.extractor, a.weights,
                                     size=a.size or _fid_other_size(a, s))
     f = extract_features(s, a.extractor, a.weights, size=a.size)["features"]
     mu, sigma = feature_statistics(f, str(s))
@@ -150,6 +150,7 @@ def fid_main(argv: list[str]) -> int:
             "--isc needs images for A and --kid needs images for A and B, not .npz statistics"
         )
     try:
+        for s in (a.a, a.b): reference_name(s)   # a folder named like a reference set: refused
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = _fid_metrics(a)

@@ -4,12 +4,13 @@
 
 # %% ../nbs/71_flow_matching.ipynb #83a84e55
 from __future__ import annotations
+import math
 import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'check_steps', 'shift_time', 'flow_grid',
-           'euler_step', 'UNetVelocity', 'euler_sample']
+__all__ = ['TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'check_steps', 'shift_time', 'dynamic_shift_time',
+           'flow_grid', 'euler_step', 'calculate_shift', 'UNetVelocity', 'euler_sample']
 
 # %% ../nbs/71_flow_matching.ipynb #d9324045
 TIME_SAMPLINGS = ("logit-normal", "uniform")
@@ -48,21 +49,53 @@ def shift_time(t, shift: float = 1.0):
     return shift * t / (1 + (shift - 1) * t)
 
 
-def flow_grid(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000) -> torch.Tensor:
+def dynamic_shift_time(t, mu: float, sigma: float = 1.0):
+    """FLUX's shift e^mu / (e^mu + (1/t - 1)^sigma) (diffusers' `time_shift`, 'exponential'), with
+    sigma = 1 `shift_time(t, e^mu)`. `t` in (0, 1], float64 keeps diffusers' precision."""
+    return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** sigma)
+
+
+def flow_grid(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000,
+              mu: float | None = None) -> torch.Tensor:
     """The `num_steps + 1` times (float32, descending, last 0) that diffusers'
-    `FlowMatchEulerDiscreteScheduler` visits: linspace(1, t_min, n) shifted, then 0, with
-    t_min = shift_time(1 / T)."""
+    `FlowMatchEulerDiscreteScheduler` visits: linspace(1, t_min, n) shifted, then 0. Static `shift`:
+    t_min = shift_time(1 / T). Dynamic `mu` (FLUX's `use_dynamic_shifting=True`, `set_timesteps(n,
+    mu=mu)`): t_min = 1 / T, `dynamic_shift_time`. `ValueError` naming a bad shift, mu or both."""
     check_steps(num_steps)
     if not shift > 0:
         raise ValueError(f"shift must be > 0, got {shift!r}")
-    t_min = shift_time(torch.tensor(1.0 / num_train_timesteps), shift).item()
-    t = torch.linspace(1.0, t_min, num_steps, dtype=torch.float64).float()
-    return torch.cat([shift_time(t, shift), torch.zeros(1)])
+    if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float))
+                           or not math.isfinite(mu)):
+        raise ValueError(f"mu must be a finite number (see calculate_shift), got {mu!r}")
+    if mu is not None and shift != 1:
+        raise ValueError(f"pass shift={shift!r} or mu={mu!r}, not both: with mu (dynamic "
+                         "shifting) diffusers' scheduler ignores shift")
+    t_min = torch.tensor(1.0 / num_train_timesteps)     # float32, as the scheduler keeps it
+    t_min = t_min if mu is not None else shift_time(t_min, shift)
+    t = torch.linspace(1.0, t_min.item(), num_steps, dtype=torch.float64)
+    t = shift_time(t.float(), shift) if mu is None else dynamic_shift_time(t, mu).float()
+    return torch.cat([t, torch.zeros(1)])
 
-
+# %% ../nbs/71_flow_matching.ipynb #8bf45d4d
 def euler_step(v: torch.Tensor, t: float, t_next: float, x: torch.Tensor) -> torch.Tensor:
     "x_{t_next} = x_t + (t_next - t) v: one Euler step of dx/dt = v (t_next < t when sampling)."
     return x + (t_next - t) * v
+
+# %% ../nbs/71_flow_matching.ipynb #b1e71c2d
+def calculate_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
+                    base_shift: float = 0.5, max_shift: float = 1.15) -> float:
+    """FLUX's mu for `image_seq_len` latent tokens ((H/16)(W/16) pixels for FLUX.1's 8x VAE and 2x2
+    patches): linear, `base_shift` at `base_seq_len` and `max_shift` at `max_seq_len` tokens
+    (extrapolated beyond), as diffusers' `pipeline_flux.calculate_shift` with the scheduler's
+    defaults. `ValueError` for a length that is not an int >= 1, or max_seq_len <= base_seq_len."""
+    if isinstance(image_seq_len, bool) or not isinstance(image_seq_len, int) or image_seq_len < 1:
+        raise ValueError(f"image_seq_len must be an int >= 1, got {image_seq_len!r} (the number "
+                         "of latent tokens, (H/16)(W/16) for FLUX.1)")
+    if not max_seq_len > base_seq_len:
+        raise ValueError(f"max_seq_len={max_seq_len!r} must be above "
+                         f"base_seq_len={base_seq_len!r}")
+    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return image_seq_len * m + (base_shift - m * base_seq_len)
 
 # %% ../nbs/71_flow_matching.ipynb #265638f2
 class UNetVelocity(nn.Module):
@@ -95,12 +128,13 @@ def euler_sample(
     guidance_scale: float = 1.0,
     null_cond=None,
     callback=None,
+    mu: float | None = None,
 ) -> torch.Tensor:
     """Integrate dx/dt = model(x, t, cond) from t = 1 (`noise`) to 0 on
-    `flow_grid(num_steps, shift)`.
+    `flow_grid(num_steps, shift, mu=mu)` (`mu`: FLUX's dynamic shift, see `calculate_shift`).
     `guidance_scale` w > 1: classifier-free guidance v_null + w (v_cond - v_null), `null_cond` the
     unconditional input (None: what the model does without `cond`). Returns x at t = 0."""
-    grid = flow_grid(num_steps, shift)
+    grid = flow_grid(num_steps, shift, mu=mu)
     if guidance_scale < 1:
         raise ValueError(
             f"guidance_scale must be >= 1 for classifier-free guidance (1: no guidance), "

@@ -275,10 +275,12 @@ def sample_flow(model, n: int, num_steps: int = 20, class_labels=None, guidance_
     `(n, C, H, W)`. `class_labels`: an int or `(n,)` ints in [0, num_classes) (None: unconditional,
     for a model trained with label dropout). `generator`: on the CPU or the model's device (the
     noise is drawn there, then moved to the model). Raises `ValueError` for n < 1, num_steps < 1,
-    an unknown class or a guidance scale below 1."""
+    an unknown class, a guidance scale below 1 or a batch_size that is not an int >= 1."""
     cfg = model.flow_config
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     check_steps(num_steps)
     y = _flow_labels(cfg, class_labels, n, guidance_scale)
     w, outs = next(model.parameters()), []

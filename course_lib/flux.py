@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .ddpm import randn_on
-from .flux_io import FluxMiniConfig, check_prompts, check_size, quiet_loading
+from .flux_io import (FluxMiniConfig, check_int, check_prompts, check_size,
+                                quiet_loading)
 from .flux_parts import VOCAB, make_tokenizer
 from .guidance import check_guidance_scale
 
@@ -171,13 +172,17 @@ def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: in
     """Images `(B, 1, H, W)` float32 in [-1, 1] on the CPU, one per prompt, from `pipe(...)` (run
     on the pipeline's device) with true classifier-free guidance `guidance_scale` (>= 1, 1: none)
     against `negative_prompt` (default ''), noise from `torch.Generator().manual_seed(seed)` (a CPU
-    generator: the same noise on every device), size default the model's own (see
-    `check_size`). Warns that a `negative_prompt` at `guidance_scale` 1 has no effect."""
+    generator: the same noise on every device), `height`/`width` None: the model's own size.
+    Sampled on FluxPipeline's grid, linspace(1, 1/n, n) then 0: FLUX-mini's scheduler has a static
+    shift of 1 (`use_dynamic_shifting=False`), so the `mu` FluxPipeline computes from the token
+    count changes nothing (FLUX.1's scheduler uses it: `course_lib.flow.calculate_shift`).
+    `ValueError` naming a bad count, seed or size (`check_size`: a size off the patch grid gets
+    the nearest ones). Warns that a `negative_prompt` at `guidance_scale` 1 has no effect."""
     prompts = check_prompts(pipe, prompts)
     w = check_guidance_scale(guidance_scale)
-    size = pipe.vae.config.sample_size
-    height, width = height or size, width or size
-    check_size(pipe, height, width)
+    height, width = check_size(pipe, height, width)                  # None: the model's own
+    check_int("num_inference_steps", num_inference_steps), check_int("batch_size", batch_size)
+    check_int("seed", seed, low=None)
     if w == 1 and negative_prompt is not None:       # FluxPipeline ignores it at true_cfg_scale 1
         warnings.warn(f"negative_prompt={negative_prompt!r} has no effect at guidance_scale 1 "
                       "(true classifier-free guidance only runs for a scale > 1): raise "

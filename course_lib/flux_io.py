@@ -4,15 +4,17 @@
 
 # %% ../nbs/79_flux_io.ipynb #ce2c649f
 from __future__ import annotations
-import contextlib, json, os, shutil, warnings
+import contextlib, json, numbers, os, shutil, warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cache import cache_key
 from .core import get_device, patch_to
+from .weight_files import check_weights_folder
 
 # %% auto #0
-__all__ = ['FluxMiniConfig', 'quiet_loading', 'save_flux_mini', 'open_flux_mini', 'check_size', 'check_prompts']
+__all__ = ['FluxMiniConfig', 'quiet_loading', 'save_flux_mini', 'open_flux_mini', 'check_int', 'check_side', 'check_size',
+           'check_prompts']
 
 # %% ../nbs/79_flux_io.ipynb #94b32b5a
 @dataclass
@@ -134,9 +136,12 @@ def open_flux_mini(folder, device=None):
     """`FluxPipeline.from_pretrained(folder)` (quietly, progress bar off) on the learner's device
     (`course_lib.core.get_device(device)`: `$COURSE_LIB_DEVICE`, else a GPU if there is one), with
     `flux_config` and `history` from its `flux_mini.json` when present. Raises `ValueError` for a
-    device that is not available."""
+    device that is not available, and naming the damaged file of a damaged folder (cut short,
+    empty, a web page: `weight_files.check_weights_folder`) before diffusers reads it."""
     from diffusers import FluxPipeline
     dev = get_device(device)
+    check_weights_folder(folder, "FLUX-mini pipeline folder", "save the pipeline again "
+                         "(save_flux_mini) or copy the folder again")
     with quiet_loading():
         pipe = FluxPipeline.from_pretrained(folder).to(dev)
     pipe.set_progress_bar_config(disable=True)
@@ -148,16 +153,42 @@ def open_flux_mini(folder, device=None):
     return pipe
 
 # %% ../nbs/79_flux_io.ipynb #6a7e59e3
-def check_size(pipe, height: int, width: int) -> None:
-    "`ValueError` unless `height` and `width` are positive multiples of the pipeline's patch size."
-    mult = pipe.vae_scale_factor * 2
-    for name, v in (("height", height), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < mult or v % mult:
-            raise ValueError(f"{name}={v!r}: FLUX packs {pipe.vae_scale_factor}x-downsampled "
-                             f"latents into 2x2 patches, so sizes must be positive multiples "
-                             f"of {mult}")
+def check_int(name: str, value, low: int | None = 1) -> int:
+    """`value` as an int (>= `low` unless `low` is None), else `ValueError` naming `name` and the
+    value. 0 is a value, never "the default": where a default is meant, the argument is None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
+            low is not None and value < low):
+        at_least = "" if low is None else f" >= {low}"
+        raise ValueError(f"{name} must be an int{at_least}, got {value!r}")
+    return int(value)
 
 
+def check_side(pipe, name: str, value) -> int:
+    """`value` (pixels) as an image side `pipe` takes: a positive multiple of `vae_scale_factor * 2`
+    (FLUX packs the VAE's latents into 2x2 patches). Else `ValueError` naming `name` and the value,
+    with the nearest sides it takes for one off that grid: diffusers' `FluxPipeline` would round it
+    down to a multiple, with only a logged warning."""
+    f = pipe.vae_scale_factor
+    why = (f"FLUX packs {f}x-downsampled latents into 2x2 patches, so sizes must be positive "
+           f"multiples of {2 * f} (pixels)")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r}: {why}")
+    lo = value // (2 * f) * 2 * f
+    if value != lo:
+        near = f"{lo} or {lo + 2 * f}" if lo else f"{2 * f}"
+        raise ValueError(f"{name}={value!r}: {why}; FluxPipeline would round it down to {lo} "
+                         f"with only a logged warning: use {near}")
+    return int(value)
+
+
+def check_size(pipe, height: int | None, width: int | None) -> tuple[int, int]:
+    """`(height, width)` checked by `check_side`, None meaning the model's own size
+    (`pipe.vae.config.sample_size`). `ValueError` naming the side and its value."""
+    size = pipe.vae.config.sample_size
+    return (check_side(pipe, "height", size if height is None else height),
+            check_side(pipe, "width", size if width is None else width))
+
+# %% ../nbs/79_flux_io.ipynb #a1acd108
 def check_prompts(pipe, prompts) -> list[str]:
     """`prompts` (a str or a list of str) as a list, `ValueError` for none or a non-string, a
     warning naming both lengths for a prompt longer than the tokenizers take (it is truncated)."""

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from .core import atomic_write
+from .weight_files import why_unreadable
 
 
 # %% auto #0
@@ -129,9 +130,9 @@ def _lora_shapes(path: Path) -> tuple[dict[str, tuple], dict]:
             return ({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()},
                     dict(f.metadata() or {}))
     except Exception as e:      # safetensors' SafetensorError, an OSError: the file, not the code
-        raise ValueError(f"{path} is not a readable safetensors LoRA file ({e}): a download or "
-                         f"copy that stopped early? Download or export it again (save_flux_lora)"
-                         ) from None
+        raise ValueError(f"{path} is not a readable safetensors LoRA file ("
+                         f"{why_unreadable(path, e)}): a web page, or a download or copy that "
+                         "stopped early? Download or export it again (save_flux_lora)") from None
 
 
 # %% ../nbs/76_flux_lora_export.ipynb #476704ac

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .cache import resume_changes, set_hyperparams
 from .core import atomic_write, load_checkpoint, patch_to, save_checkpoint
 from .data import open_image, scan_image_folder
 from .ddpm import randn_on
@@ -20,7 +21,8 @@ from .flow import TIME_SAMPLINGS, sample_time
 from .flux_lora import (FLUX_ATTENTION_TARGETS, add_flux_lora, encode_captions,
                                   encode_images, flux_flow_loss, trainable_parameters)
 from .flux_lora_export import lora_state
-from .lora_base import DIGIT_WORDS, TRIGGER, read_captions
+from .flux_io import check_int, check_side
+from .lora_base import DIGIT_WORDS, TRIGGER, read_captions, repeat_prompts
 from .lora_data import fit_image
 
 # %% auto #0
@@ -71,6 +73,10 @@ def validate(self) -> FluxLoRAConfig:
         v = getattr(self, k)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    for k in ("resolution", "max_sequence_length"):    # None: the data's, the tokenizer's
+        v = getattr(self, k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{k} must be None (the default) or an int >= 1, got {v!r}")
     if not self.lr > 0: raise ValueError(f"lr must be > 0, got {self.lr!r}")
     if self.time_sampling not in TIME_SAMPLINGS:
         raise ValueError(f"time_sampling {self.time_sampling!r}: choose one of "
@@ -194,21 +200,23 @@ def _check_resume(ck_cfg: dict, cfg: FluxLoRAConfig, path: Path) -> None:
 def _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume):
     from peft.utils import set_peft_model_state_dict
     path = Path(run_dir)/"checkpoint.safetensors" if run_dir else None
-    if not (resume and path and path.is_file()): return 0, [], 0.0
+    if not (resume and path and path.is_file()): return 0, [], 0.0, []
     state, meta = load_checkpoint(path)
     _check_resume(json.loads(meta["config"]), cfg, path)
+    changes = resume_changes(meta, cfg.to_dict(), int(state["step"]), path)   # take effect now
     for part, sd in state["lora"].items():
         set_peft_model_state_dict(getattr(pipe, part), sd, adapter_name=adapter_name)
     opt.load_state_dict(state["optimizer"])
-    for g in opt.param_groups: g["lr"] = cfg.lr
-    return int(state["step"]), list(state["history"]), float(state["seconds"])
+    set_hyperparams(opt, cfg)                   # this run's lr, not the one the state brought back
+    return int(state["step"]), list(state["history"]), float(state["seconds"]), changes
 
-def _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, history, seconds):
+def _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, history, seconds, changes):
     if not run_dir: return
     state = {"lora": lora_state(pipe, adapter_name), "optimizer": opt.state_dict(), "step": step,
              "history": history, "seconds": seconds}
     save_checkpoint(Path(run_dir)/"checkpoint.safetensors", state,
-                    metadata={"config": json.dumps(cfg.to_dict()), "step": str(step)})
+                    metadata={"config": json.dumps(cfg.to_dict()), "step": str(step),
+                              "changes": json.dumps(changes)})
 
 # %% ../nbs/77_flux_lora_train.ipynb #30d3e9dd
 def _batch(data, cfg, g, pipe):
@@ -257,7 +265,8 @@ def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | No
                     reg_folder: str | os.PathLike | None = None) -> FluxLoRARun:
     """Train a LoRA on `pipe` (a `FluxPipeline`, adapted in place) on the images and captions of
     `folder` by rectified flow. With `run_dir`: settings in `preset.json`, atomic checkpoints, and
-    (`resume=True`) training continues from the last checkpoint up to `config.steps`.
+    (`resume=True`) training continues from the last checkpoint up to `config.steps`, with changed
+    settings from there (a `ResumeWarning` names them, and another adapter shape is a `ValueError`).
     `callback(row)` after each step (`row`: step, loss, seconds). `stop_event` set: checkpoint and
     return (`stopped=True`). `reg_folder`: images and captions without the trigger, trained
     alongside (DreamBooth's prior preservation): prompts without the trigger stay as they were."""
@@ -269,7 +278,7 @@ def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | No
     mods = [pipe.transformer] + ([pipe.text_encoder] if cfg.train_text_encoder else [])
     params = trainable_parameters(mods)   # float32 LoRA weights, on a float32 or a bfloat16 base
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    start, hist, secs = _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume)
+    start, hist, secs, changes = _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume)
     if run_dir: cfg.save_preset(Path(run_dir)/"preset.json")
     run = FluxLoRARun(pipe, cfg, hist, start, False, secs, sum(p.numel() for p in params),
                       Path(run_dir) if run_dir else None)
@@ -283,7 +292,8 @@ def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | No
         if callback: callback(run.history[-1])
         run.stopped = stop_event is not None and stop_event.is_set() and step < cfg.steps
         if step % cfg.checkpoint_every == 0 or step == cfg.steps or run.stopped:
-            _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, run.history, run.seconds)
+            _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, run.history, run.seconds,
+                       changes)
         if run.stopped: break
     bar.close()
     return run
@@ -324,17 +334,21 @@ def flux_generate(pipe, prompts: str | Sequence[str], resolution: int, n: int | 
                   max_sequence_length: int | None = None) -> torch.Tensor:
     """Images `(N, C, R, R)` in [0, 1] from `pipe` for `prompts` (one string repeated `n` times, or
     a list), with a seeded generator. Warns that `guidance` has no effect on a transformer without
-    a guidance embedding (the distilled guidance of FLUX.1-dev: FLUX-mini has none)."""
-    prompts = [prompts] * (n or 1) if isinstance(prompts, str) else list(prompts)
+    a guidance embedding (the distilled guidance of FLUX.1-dev: FLUX-mini has none). `ValueError`
+    naming a bad `n` (`repeat_prompts`), count, seed or `resolution` (`check_side`: FluxPipeline
+    would round a size off the patch grid down, or draw its own default size for 0)."""
+    prompts = repeat_prompts(prompts, n)
+    check_side(pipe, "resolution", resolution), check_int("seed", seed, low=None)
+    check_int("num_inference_steps", num_inference_steps)
     if guidance != 1 and not pipe.transformer.config.guidance_embeds:
         import warnings                              # FluxPipeline drops guidance_scale then
         warnings.warn(f"guidance={guidance!r} has no effect: this transformer has no guidance "
                       "embedding (guidance_embeds=False), so FluxPipeline ignores guidance_scale; "
                       "for classifier-free guidance use course_lib.flux.generate(guidance_scale=)",
                       stacklevel=2)
-    msl = max_sequence_length or pipe.tokenizer_2.model_max_length
+    msl = (pipe.tokenizer_2.model_max_length if max_sequence_length is None
+           else check_int("max_sequence_length", max_sequence_length))
     out = pipe(prompt=prompts, height=resolution, width=resolution, guidance_scale=guidance,
                num_inference_steps=num_inference_steps, output_type="pt", max_sequence_length=msl,
                generator=torch.Generator().manual_seed(seed))
     return out.images.float().cpu()
-

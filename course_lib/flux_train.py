@@ -17,6 +17,7 @@ from .flux import (FluxVelocity, caption_table, encode_latents, generate,
 from .flux_parts import DIGIT_NAMES, caption_digits
 from .flux_io import FluxMiniConfig, open_flux_mini, save_flux_mini
 from .guidance import mean_se
+from .weight_files import folder_problem
 
 # %% auto #0
 __all__ = ['flow_config', 'train_flux_mini', 'load_flux_mini', 'prompt_digit', 'judge_prompt_rate']
@@ -61,7 +62,8 @@ def load_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True,
     `cache_dir('models', 'flux', config.key())/pipeline`, else trained (`train_flux_mini`, about
     `config.estimated_minutes()` min on a CPU) and cached, file-locked, and a cache made by
     other training code is flagged (`StaleCacheWarning`). Opened on `device` (see
-    `open_flux_mini`). Raises `ValueError` naming the folder when the cached pipeline is damaged."""
+    `open_flux_mini`). Raises `ValueError` naming the folder, and the damaged file in it
+    (`weight_files.folder_problem`), when the cached pipeline is damaged."""
     cfg = (config or FluxMiniConfig()).validate()
     key, code = cfg.key(), code_fingerprint(train_flux_mini)
     path = cache_dir("models", "flux", key) / "pipeline"
@@ -69,10 +71,11 @@ def load_flux_mini(config: FluxMiniConfig | None = None, progress: bool = True,
         if not hit:
             save_flux_mini(train_flux_mini(cfg, progress), path)
     try:
+        if bad := folder_problem(path): raise ValueError(f"{bad[0]} {bad[1]}")
         return open_flux_mini(path, device)
     except Exception as e:     # a damaged cache entry (diffusers, transformers, safetensors): named
         raise ValueError(f"the cached FLUX-mini pipeline {path} cannot be read "
-                         f"({type(e).__name__}: {str(e)[:200]}): delete that folder, or call "
+                         f"({type(e).__name__}: {str(e)[:400]}): delete that folder, or call "
                          "load_flux_mini(config, retrain=True), to train it again") from None
 
 # %% ../nbs/80_flux_train.ipynb #b6970944

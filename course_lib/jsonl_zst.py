@@ -11,8 +11,9 @@ from pathlib import Path
 
 import zstandard
 
-from .zstd_stream import (
-    MAX_WINDOW_SIZE, _Careful, _Corrupt, _Fast, _inline, _threaded, _zstd_chunks)
+from course_lib.zstd_stream import (
+    MAX_WINDOW_SIZE, _Careful, _Corrupt, _Fast, _NeedsDict, _inline, _threaded, _zstd_chunks,
+    as_zstd_dict)
 
 try:
     import orjson
@@ -31,7 +32,7 @@ except ImportError:  # pragma: no cover - msgspec is a requirement
 # --processes) several times slower
 
 # %% auto #0
-__all__ = ['write_jsonl_zst', 'PileFormatError', 'CorruptStreamError', 'ReadStats', 'read_jsonl_zst']
+__all__ = ['write_jsonl_zst', 'PileFormatError', 'CorruptStreamError', 'ZstdDictionaryError', 'ReadStats', 'read_jsonl_zst']
 
 # %% ../nbs/63_jsonl_zst.ipynb #cb734a60
 def _as_record(rec, i: int) -> dict:
@@ -147,6 +148,31 @@ class CorruptStreamError(PileFormatError):
         args = (self.path, self.offset, self.good_records, self.zstd_reason)
         return type(self), args, self.__dict__
 
+# %% ../nbs/63_jsonl_zst.ipynb #c47b0001
+class ZstdDictionaryError(PileFormatError):
+    """A zstd frame compressed with a dictionary the reader was not given (or another one):
+    `.dict_id` (the Dictionary_ID its header names, RFC 8878 section 3.1.1.1), `.given_id` (the
+    given dictionary's, None: none), `.offset` (the frame's compressed byte offset). The file is
+    not damaged."""
+    def __init__(self, path, dict_id, given_id, offset):
+        self.dict_id, self.given_id, self.offset = dict_id, given_id, offset
+        given = ("no dictionary was given" if given_id is None else
+                 f"the dictionary given is another one (its id {given_id})")
+        super().__init__(path, None, (
+            f"the zstd frame at compressed byte offset {offset} was compressed with zstd "
+            f"dictionary {dict_id} and {given}: the file is not damaged; pass the dictionary it "
+            f"was compressed with (--zstd-dict FILE on the command line, dict_data=FILE in "
+            f"Python)"))
+
+    def __reduce__(self):
+        return type(self), (self.path, self.dict_id, self.given_id, self.offset), self.__dict__
+
+def _stream_error(path, e: _Corrupt, good_records: int) -> PileFormatError:
+    "The error of the careful path's `e` for the file `path`."
+    if isinstance(e, _NeedsDict): return ZstdDictionaryError(path, e.dict_id, e.given_id,
+                                                             e.frame_offset)
+    return CorruptStreamError(path, e.offset, good_records, e.reason)
+
 # %% ../nbs/63_jsonl_zst.ipynb #815ff5da
 @dataclass
 class ReadStats:
@@ -251,8 +277,8 @@ def _records(pieces: Iterable[tuple], stats: ReadStats, strict: bool) -> Iterato
 
 # %% ../nbs/63_jsonl_zst.ipynb #21ac7b17
 def _zst_pieces(path: Path, fh, stats: ReadStats, threaded: bool,
-                read_size: int) -> Iterator[tuple]:
-    fast = _Fast(fh, read_size)
+                read_size: int, zd=None) -> Iterator[tuple]:
+    fast = _Fast(fh, read_size, zd)
     try:
         for buf, n in (_threaded if threaded else _inline)(fast.fill):
             stats.compressed_bytes = fast.src.offset
@@ -261,8 +287,18 @@ def _zst_pieces(path: Path, fh, stats: ReadStats, threaded: bool,
     except _Careful as c:   # a zstd error, or the file ends inside a frame: find out where
         stats.compressed_bytes = 0
         with open(path, "rb") as fh2:
-            for out in _zstd_chunks(fh2, stats, min(read_size, 1 << 16), skip=c.delivered):
+            for out in _zstd_chunks(fh2, stats, min(read_size, 1 << 16), skip=c.delivered,
+                                   zd=zd):
                 yield out, len(out)
+
+def _file_kind(path: Path) -> str:
+    "'.zst', '.gz' (any case) or another suffix (plain); a missing or empty compressed file raises."
+    if not path.is_file(): raise FileNotFoundError(f"no such file: {path}")
+    kind = path.suffix.lower()   # .jsonl.zst, .JSONL.ZST, .jsonl.gz, else plain JSON lines
+    if kind in (".zst", ".gz") and path.stat().st_size == 0:
+        raise PileFormatError(path, None, "the file is empty (0 bytes), so not a compressed "
+                              "stream (a copy that stopped early?): re-create it, or remove it")
+    return kind
 
 def _plain_pieces(fh, stats: ReadStats) -> Iterator[tuple]:
     for buf, n in _inline(fh.readinto):
@@ -282,7 +318,8 @@ def _gz_pieces(fh, stats: ReadStats) -> Iterator[tuple]:
 
 # %% ../nbs/63_jsonl_zst.ipynb #7ed527c5
 def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
-                   threaded: bool = True, read_size: int = 1 << 22) -> Iterator[dict]:
+                   threaded: bool = True, read_size: int = 1 << 22,
+                   dict_data=None) -> Iterator[dict]:
     """Stream the records of a Pile-format `.jsonl.zst` (or plain `.jsonl`, or gzip `.jsonl.gz`;
     the suffix in any case) file as dicts `{'text': str, 'meta': ...}`.
 
@@ -295,7 +332,10 @@ def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadS
     `CorruptStreamError` (file, compressed byte offset to within 64 KB, good records before it) in
     both modes, after yielding every complete record before it, as does a frame whose content
     checksum fails (the writer writes checksums). Long-window files (`zstd --long=N`) are read up to
-    `MAX_WINDOW_SIZE` (2 GiB, N = 31), the window allocated as the file needs. A UTF-8 byte-order
+    `MAX_WINDOW_SIZE` (2 GiB, N = 31), the window allocated as the file needs. `dict_data`: the
+    zstd dictionary the frames were compressed with (`zstd -D`), a path, bytes or a
+    `zstandard.ZstdCompressionDict` (see `as_zstd_dict`): a frame that needs another raises
+    `ZstdDictionaryError` naming the dictionary's id. A UTF-8 byte-order
     mark at the start is skipped. `threaded`: decompress in a background thread, overlapping with
     parsing. An empty (0-byte) plain file has no records, an empty `.zst` or `.gz` file raises
     `PileFormatError` (a compressed stream is never empty, even without records). JSON is decoded
@@ -303,20 +343,15 @@ def read_jsonl_zst(path: str | os.PathLike, errors: str = "strict", stats: ReadS
     Mirrors `lm_dataformat.Reader.read_jsonl_zst` (same records, same order)."""
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors must be 'strict' or 'skip', got {errors!r}")
-    strict = errors == "strict"
+    strict, zd = errors == "strict", as_zstd_dict(dict_data)
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no such file: {path}")
-    kind = path.suffix.lower()   # .jsonl.zst, .JSONL.ZST, .jsonl.gz, else plain JSON lines
-    if kind in (".zst", ".gz") and path.stat().st_size == 0:
-        raise PileFormatError(path, None, "the file is empty (0 bytes), so not a compressed "
-                              "stream (a copy that stopped early?): re-create it, or remove it")
+    kind = _file_kind(path)
     stats = stats if stats is not None else ReadStats()
     stats.path = str(path)
     with open(path, "rb") as fh:
-        if kind == ".zst": pieces = _zst_pieces(path, fh, stats, threaded, read_size)
+        if kind == ".zst": pieces = _zst_pieces(path, fh, stats, threaded, read_size, zd)
         elif kind == ".gz": pieces = _gz_pieces(fh, stats)
         else: pieces = _plain_pieces(fh, stats)
         try: yield from _records(pieces, stats, strict)
-        except _Corrupt as e:
-            raise CorruptStreamError(path, e.offset, stats.records, e.reason) from None
+        except _Corrupt as e: raise _stream_error(path, e, stats.records) from None
         finally: pieces.close()   # stops the filling thread before the file closes

@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 
 from .core import atomic_write, unwrap_model
-from .flux_lora_export import layer_scales, load_flux_lora, reduce_rank, reduced_config
-from .flux_lora_export import save_flux_lora
+from .weight_files import why_unreadable
+from .flux_lora_export import (_lora_shapes, layer_scales, load_flux_lora, reduce_rank,
+                                         reduced_config, save_flux_lora)
 
 # %% auto #0
 __all__ = ['KOHYA_PREFIXES', 'EXPORT_DTYPES', 'EXPORT_FORMATS', 'adapter_parts', 'kohya_name', 'module_names', 'to_kohya',
@@ -200,8 +201,8 @@ def read_kohya_lora(path: str | os.PathLike, model=None) -> tuple[dict[str, torc
         with safe_open(str(path), framework="pt") as f:
             meta, tensors = dict(f.metadata() or {}), {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:
-        raise ValueError(f"{path} is not a readable safetensors LoRA file ({e}): a copy that "
-                         f"stopped early? Export it again") from None
+        raise ValueError(f"{path} is not a readable safetensors LoRA file ("
+                         f"{why_unreadable(path, e)}): export or copy it again") from None
     if not any(k.endswith(".lora_down.weight") for k in tensors):
         raise ValueError(f"{path.name} is not in kohya's layout (no `.lora_down.weight` tensors; "
                          f"keys like {sorted(tensors)[:2]}): a diffusers or course_lib file? Load "
@@ -332,10 +333,9 @@ def export_adapter(model, path: str | os.PathLike, format: str = "diffusers",
     return _save_unet_adapter(model, path, adapter_name, dtype, rank, training)
 
 def load_exported(model, path: str | os.PathLike, adapter_name: str) -> dict:
-    """Load a file `export_adapter` wrote (either format) into `model` as `adapter_name`."""
-    from safetensors import safe_open
-    with safe_open(str(path), framework="pt") as f:
-        kohya = any(k.endswith(".lora_down.weight") for k in f.keys())
+    """Load a file `export_adapter` wrote (either format) into `model` as `adapter_name`.
+    `ValueError` naming a file that is not a readable safetensors file, and what it is instead."""
+    kohya = any(k.endswith(".lora_down.weight") for k in _lora_shapes(Path(path))[0])
     if kohya: return load_kohya_lora(model, path, adapter_name)
     if hasattr(model, "transformer"): return load_flux_lora(model, path, adapter_name)
     from course_lib.lora_io import load_adapter

@@ -19,8 +19,9 @@ from .ddpm import DDPMConfig, load_pretrained_ddpm, make_scheduler, sample
 
 # %% auto #0
 __all__ = ['CONCEPT_DIGIT', 'TRIGGER', 'BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WORDS', 'BASE_RECIPE', 'base_config', 'load_base',
-           'encode_prompt', 'generate', 'check_captions', 'names_trigger', 'concept_labels', 'write_concept_folder',
-           'write_style_folder', 'filename_captioner', 'read_captions', 'Augment', 'BucketBatchSampler']
+           'encode_prompt', 'repeat_prompts', 'generate', 'check_captions', 'names_trigger', 'concept_labels',
+           'write_concept_folder', 'write_style_folder', 'filename_captioner', 'read_captions', 'Augment',
+           'BucketBatchSampler']
 
 # %% ../nbs/44_lora_base.ipynb #5a7526bd
 CONCEPT_DIGIT = 9      # the class slot the trigger selects: the concept (real nines)
@@ -62,6 +63,21 @@ def encode_prompt(prompt: str, trigger: str = TRIGGER, trigger_class: int = CONC
                      f"({[DIGIT_WORDS[k] for k in known]}) and no trigger word {trigger!r}")
 
 # %% ../nbs/44_lora_base.ipynb #c7505d2a
+def repeat_prompts(prompts: str | Sequence[str], n: int | None = None) -> list[str]:
+    """`prompts` as a list: one string `n` times (None: once), or a list as it is (`n` None or
+    its length). `ValueError` naming `n` for anything else: 0 images is never "the default"."""
+    if isinstance(prompts, str):
+        if n is None: return [prompts]
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"n (the number of images) must be a positive int, got {n!r}")
+        return [prompts] * int(n)
+    prompts = list(prompts)
+    if n is not None and n != len(prompts):
+        raise ValueError(f"n={n!r} images for {len(prompts)} prompts: pass n=None (one image "
+                         "per prompt), or one prompt string to repeat n times")
+    return prompts
+
+
 @torch.no_grad()
 def generate(unet: nn.Module, prompts: str | Sequence[str], n: int | None = None, seed: int = 0,
              num_inference_steps: int = 20, trigger: str = TRIGGER,
@@ -73,8 +89,8 @@ def generate(unet: nn.Module, prompts: str | Sequence[str], n: int | None = None
     the CPU.
 
     Returns `(N, C, H, W)` float32 in [-1, 1]. Raises `ValueError` for a prompt `encode_prompt`
-    cannot read."""
-    prompts = [prompts] * (n or 1) if isinstance(prompts, str) else list(prompts)
+    cannot read, or an `n` that `repeat_prompts` refuses."""
+    prompts = repeat_prompts(prompts, n)
     labels = [encode_prompt(p, trigger) for p in prompts]
     scheduler = make_scheduler(sampler, unet.ddpm_config)
     g = torch.Generator().manual_seed(seed)

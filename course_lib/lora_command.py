@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from .cache import resume_changes, set_hyperparams
 from .core import cache_dir, get_device, load_checkpoint, save_checkpoint
 from .lora import add_lora, set_adapters
 from .lora_base import (TRIGGER, base_config, check_captions, encode_prompt, generate,
@@ -42,16 +43,20 @@ def check_lora_folder(folder: str | os.PathLike, trigger: str = TRIGGER, size: i
     return {"images": len(files), "caption_files": sources.count("sidecar"),
             "with_trigger": sum(names_trigger(c, trigger) for c in captions)}
 
-def parse_adapter_spec(spec: str) -> tuple[str, float]:
+def parse_adapter_spec(spec: str, exists=os.path.isfile) -> tuple[str, float]:
     """`PATH` or `PATH=WEIGHT` (`course lora generate --adapter`) -> `(path, weight)`, weight 1 by
-    default. Raises `ValueError` naming the spec when the weight is not a finite number."""
+    default. A `spec` that `exists` (default: an existing file) is a path, '=' and all (sweep
+    folders are named `lr=3e-3/`); only then is it split at its last '='. Raises `ValueError`
+    naming the spec when the weight is not a finite number."""
+    if exists(spec): return spec, 1.0
     path, eq, w = spec.rpartition("=")
     if not eq: return spec, 1.0
     try: weight = float(w)
     except ValueError: weight = float("nan")
     if not path or not math.isfinite(weight):
         raise ValueError(f"--adapter {spec!r}: write PATH or PATH=WEIGHT with WEIGHT a number "
-                         f"(e.g. {path or 'concept.safetensors'}=0.8), got the weight {w!r}")
+                         f"(e.g. {path or 'concept.safetensors'}=0.8), got the weight {w!r}, "
+                         f"and there is no file {spec!r}")
     return path, weight
 
 # %% ../nbs/49_lora_command.ipynb #52fbbde8
@@ -163,9 +168,10 @@ class LoRARun:
     seconds: float
     run_dir: Path
 
-_LORA_FIXED = ("rank", "alpha", "target_modules", "adapter_name", "trigger", "full_finetune")
+_LORA_FIXED = ("rank", "alpha", "target_modules", "adapter_name", "trigger", "full_finetune",
+               "prior_images", "seed")     # the adapter, and the data: the prior set is drawn once
 
-def _lora_resume(model, opt, gen, cfg, ck: Path):
+def _lora_resume(model, opt, gen, cfg, ck: Path, base_key: str):
     from peft.utils import set_peft_model_state_dict
     state, meta = load_checkpoint(ck)
     was = json.loads(meta["config"])
@@ -173,21 +179,27 @@ def _lora_resume(model, opt, gen, cfg, ck: Path):
     bad = [f"{k}={was.get(k)!r} (now {now[k]!r})" for k in _LORA_FIXED if was.get(k) != now[k]]
     if bad: raise ValueError(f"checkpoint {ck} was trained with other settings: {', '.join(bad)}"
                              ": use another run folder")
+    if meta.get("base", base_key) != base_key:
+        raise ValueError(f"checkpoint {ck} was trained on another base model ({meta['base']}; "
+                         f"this one is {base_key}): use that base, or another run folder")
+    changes = resume_changes(meta, cfg.to_dict(), int(state["step"]), ck)   # the rest: from now
     set_peft_model_state_dict(model, state["lora"], adapter_name=cfg.adapter_name)
     opt.load_state_dict(state["optimizer"])
+    set_hyperparams(opt, cfg)                   # this run's lr, not the one the state brought back
     gen.set_state(state["generator"])
-    return int(state["step"]), list(state["history"]), float(state["seconds"])
+    return (int(state["step"]), list(state["history"]), float(state["seconds"]),
+            {"base": base_key, "changes": json.dumps(changes)})
 
 
 # %% ../nbs/49_lora_command.ipynb #ff0cc659
-def _lora_checkpoint(model, opt, gen, cfg, run_dir: Path, step, history, seconds):
+def _lora_checkpoint(model, opt, gen, cfg, run_dir: Path, step, history, seconds, info):
     from peft.utils import get_peft_model_state_dict
     lora = {k: v.detach().cpu() for k, v in
             get_peft_model_state_dict(model, adapter_name=cfg.adapter_name).items()}
     state = {"lora": lora, "optimizer": opt.state_dict(), "generator": gen.get_state(),
              "step": step, "history": history, "seconds": seconds}
     save_checkpoint(run_dir/"checkpoint.safetensors", state,
-                    metadata={"config": json.dumps(cfg.to_dict()), "step": str(step)})
+                    metadata={"config": json.dumps(cfg.to_dict()), "step": str(step), **info})
 
 def _lora_preview(model, cfg, run_dir: Path, step: int):
     from course_lib.viz import save_image_grid
@@ -213,7 +225,8 @@ def _lora_setup(base, folder, cfg, run_dir: Path, resume: bool):
     opt, gen = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0), torch.Generator()
     gen.manual_seed(cfg.seed)
     ck = run_dir/"checkpoint.safetensors"
-    done = _lora_resume(model, opt, gen, cfg, ck) if resume and ck.is_file() else (0, [], 0.0)
+    fresh = (0, [], 0.0, {"base": dcfg.key(), "changes": "[]"})   # base and changes: the header's
+    done = _lora_resume(model, opt, gen, cfg, ck, dcfg.key()) if resume and ck.is_file() else fresh
     save_lora_preset(cfg, run_dir/"preset.json")
     return ds, labels, prior, model, params, opt, gen, done
 
@@ -225,13 +238,14 @@ def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrain
     """Train an adapter on a copy of `base` on the images and captions of `folder`, in `run_dir`
     (see above). `callback(row, preview)` after each step (`preview`: images or None),
     `stop_event` set: checkpoint, write the adapter and return (`stopped=True`). A larger
-    `config.steps` continues a finished run. Raises `ValueError` for a checkpoint of other
-    settings, and what `ConceptDataset` and `encode_prompt` raise for unusable images or
-    captions."""
+    `config.steps` continues a finished run, other changed settings take effect from the step it
+    resumes at (a `ResumeWarning` names them). Raises `ValueError` for a checkpoint of another
+    adapter, base model, prior set or seed, and what `ConceptDataset` and `encode_prompt` raise
+    for unusable images or captions."""
     from functools import partial
     from accelerate import Accelerator
     cfg, dcfg, run_dir = config or LoRATrainConfig(), base.ddpm_config, Path(run_dir)
-    ds, labels, prior, model, params, opt, gen, (step, hist, secs) = _lora_setup(
+    ds, labels, prior, model, params, opt, gen, (step, hist, secs, info) = _lora_setup(
         base, folder, cfg, run_dir, resume)
     acc = Accelerator(cpu=get_device().type == "cpu")
     net, opt = acc.prepare(model, opt)
@@ -250,7 +264,8 @@ def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrain
         if callback is not None: callback(hist[-1], preview)
         stopped = stop_event is not None and stop_event.is_set() and step < cfg.steps
         if step % checkpoint_every == 0 or step == cfg.steps or stopped:
-            _lora_checkpoint(model, opt, gen, cfg, run_dir, step, hist, time.perf_counter() - t0)
+            _lora_checkpoint(model, opt, gen, cfg, run_dir, step, hist, time.perf_counter() - t0,
+                             info)
         if stopped: break
     model.eval()
     save_adapter(model, run_dir/"adapter.safetensors", cfg.adapter_name, dcfg.key(), cfg.trigger,
@@ -313,6 +328,7 @@ def _lora_train(a, err) -> int:
 def _lora_generate(a, err) -> int:
     from course_lib.viz import save_image_grid
     specs = [parse_adapter_spec(s) for s in a.adapter]              # before the base loads
+    for path, _ in specs: read_adapter(path)      # a web page, an empty or cut file: named now
     base = load_base(base_config(a.base_steps))
     weights, triggers = {}, []
     for path, w in specs:

@@ -14,6 +14,7 @@ import torch.nn as nn
 import course_lib
 from .core import unwrap_model
 from .lora import adapter_names
+from .weight_files import file_kind, weights_problem
 
 # %% auto #0
 __all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'copy_lora_to_peft', 'base_fingerprint', 'adapter_metadata', 'foreign_layout',
@@ -102,26 +103,17 @@ def foreign_layout(keys: Sequence[str], metadata: Mapping) -> str | None:
 # %% ../nbs/47_lora_files.ipynb #0486136f
 def safetensors_header(path: Path) -> dict:
     """The JSON header of the safetensors file `path` (8 bytes of length, then JSON), read without
-    loading a
-    tensor. Raises `ValueError` naming what the file looks like instead (a zip, a pickle)."""
-    raw = path.read_bytes()[:8]
-    kind = ("a zip archive (a torch.save .pt/.bin file?)" if raw[:2] == b"PK" else
-            "a pickle (a .bin/.ckpt file?)" if raw[:1] == b"\x80" else None)
-    try:
-        if len(raw) < 8: raise ValueError("file too short")
-        n = struct.unpack("<Q", raw)[0]
-        if n > min(path.stat().st_size - 8, 100_000_000):
-            raise ValueError("header length beyond the file")
-        with open(path, "rb") as f:
-            f.seek(8)
-            header = json.loads(f.read(n))
-        if not isinstance(header, dict): raise ValueError("header is not a JSON object")
-        return header
-    except (ValueError, UnicodeDecodeError, struct.error) as e:
-        what = kind or f"not readable as safetensors ({e})"
-        raise ValueError(f"{path} is not a safetensors file: it looks like {what}. Adapters are "
-                         "loaded from .safetensors only; convert a trusted pickle with "
-                         "safetensors.torch.save_file") from None
+    loading a tensor. Raises `ValueError` naming the file and what it is instead
+    (`weight_files.weights_problem`: empty, a web page, a zip or a pickle, cut short)."""
+    path = Path(path)
+    if why := weights_problem(path, ("safetensors",)):
+        what = "a readable safetensors" if file_kind(path) == "safetensors" else "a safetensors"
+        raise ValueError(f"{path} is not {what} file: it {why}. Adapters are loaded from "
+                         ".safetensors only: copy or export it again, or convert a trusted "
+                         "pickle with safetensors.torch.save_file")
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
 
 # %% ../nbs/47_lora_files.ipynb #c2b51984
 def parse_adapter_metadata(path: str | os.PathLike, meta: Mapping[str, str]) -> dict:

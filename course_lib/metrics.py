@@ -15,7 +15,7 @@ from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 
 from .core import get_device
 from .frechet import feature_statistics, frechet_distance
-from .metrics_images import (DIGITS_FEATURE_SIZE, REFERENCES, UInt8Images,
+from .metrics_images import (DIGITS_FEATURE_SIZE, UInt8Images, reference_name,
                                        as_uint8_images)
 # the plumbing around torch-fidelity: library notebook 36_metrics_io
 from .metrics_io import (DIGITS_EXTRACTOR, resolve_extractor, check_uint8_batch,
@@ -171,7 +171,7 @@ def fid_of_samples(samples, reference: str = "digits-train", extractor: str = "d
     if isinstance(reference, (str, Path)) and str(reference).endswith(".npz"):
         st = load_statistics(reference)
     else:
-        named = str(reference) in REFERENCES
+        named = reference_name(reference) is not None
         st = reference_statistics(reference, extractor, weights_path,
                                   size=x.shape[-1] if named else None)
     f = extract_features(x, extractor, weights_path)["features"]

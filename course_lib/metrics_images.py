@@ -15,8 +15,23 @@ from torch.utils.data import Dataset
 DIGITS_FEATURE_SIZE = 16
 REFERENCES = ("digits-train", "digits-valid", "digits-all")
 
+def reference_name(source) -> str | None:
+    """The reference set (one of `REFERENCES`) that `source` names, or None: 'digits-valid', or
+    'ref:digits-valid' (the set even beside a folder of that name). A bare name that is also a path
+    here is ambiguous: `ValueError` naming both, and how to write each."""
+    if not isinstance(source, (str, Path)): return None
+    s = str(source)
+    if s.startswith("ref:") and s[4:] in REFERENCES: return s[4:]
+    if s not in REFERENCES: return None
+    if Path(s).exists():
+        kind = "folder" if Path(s).is_dir() else "file"
+        raise ValueError(f"{s!r} names both the {kind} ./{s} ({Path(s).absolute()}) and the "
+                         f"course's reference set {s}: write ./{s} for the {kind}, or ref:{s} for "
+                         f"the reference set")
+    return s
+
 # %% auto #0
-__all__ = ['DIGITS_FEATURE_SIZE', 'REFERENCES', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
+__all__ = ['DIGITS_FEATURE_SIZE', 'REFERENCES', 'reference_name', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
 
 # %% ../nbs/34_metric_images.ipynb #e4882206
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
@@ -146,8 +161,8 @@ def _load_folder(folder: Path, size: int | None) -> torch.Tensor:
 # %% ../nbs/34_metric_images.ipynb #d3e2d9a5
 def _from_path(source, size: int | None) -> torch.Tensor:
     "A reference name ('digits-train', ...) or a folder of images -> uint8 `(N, 3, H, W)`."
-    if str(source) in REFERENCES:
-        return Digits_uint8(str(source).split("-", 1)[1], size or DIGITS_FEATURE_SIZE)
+    if (name := reference_name(source)) is not None:
+        return Digits_uint8(name.split("-", 1)[1], size or DIGITS_FEATURE_SIZE)
     folder = Path(source)
     if not folder.exists():
         raise ValueError(f"image folder {folder} does not exist (and is not one of {REFERENCES})")
@@ -202,7 +217,8 @@ def as_uint8_images(source, num_samples: int | None = None, size: int | None = N
     - a folder (str/Path) of png/jpg/webp/bmp/tif images (all the same size, unless `size` is
       given), float TIFFs in [0, 1] scaled to [0, 255];
     - a reference name: 'digits-train', 'digits-valid' or 'digits-all' (the course's real digits, at
-      `size`, default 16);
+      `size`, default 16), or 'ref:digits-train' etc. beside a folder of that name
+      (`reference_name`);
     - a tensor or array `(N, C, H, W)`, `(N, H, W, C)` or `(N, H, W)`: uint8 or other integers
       (pixel values in [0, 255]), or float in [-1, 1] (detected by negative values) or [0, 1]
       (`value_range` forces one), 1 channel repeated to 3;

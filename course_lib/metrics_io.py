@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from .core import OfflineError, atomic_write, cache_dir
+from .weight_files import check_weights_file
 from .frechet import FewSamplesWarning
-from .metrics_images import REFERENCES, as_uint8_images
+from .metrics_images import as_uint8_images, reference_name
 
 # %% auto #0
 __all__ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS',
@@ -34,13 +35,18 @@ def inception_weights_path(path: str | os.PathLike | None = None) -> Path:
     """The Inception-v3 weights file torch-fidelity uses: `path`, else
     `$COURSE_LIB_INCEPTION_WEIGHTS`, else torch hub's checkpoint cache
     (`~/.cache/torch/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth`). Never downloads.
-    Raises `FileNotFoundError` for an explicit `path` that does not exist, and `OfflineError` naming
-    the digits extractor (`extractor='digits'`, `course fid --extractor digits`) when none is
-    found."""
+    Raises `FileNotFoundError` for an explicit `path` that does not exist, `ValueError` naming the
+    file found when it is not a torch.save file (empty, a web page a failed download saved, cut
+    short: `weight_files.check_weights_file`), and `OfflineError` naming the digits extractor
+    (`extractor='digits'`, `course fid --extractor digits`) when none is found."""
+    fix = (f"download {INCEPTION_WEIGHTS_URL} again (torch.hub.download_url_to_file, or a browser "
+           f"not asked to sign in) and give its path (--weights, or ${INCEPTION_WEIGHTS_ENV}); "
+           "offline, use the digits extractor (course fid --extractor digits)")
+    check = lambda p: check_weights_file(p, ("zip", "pickle"), "Inception-v3 weights file", fix)
     if path is not None:
         p = Path(path).expanduser()
         if not p.is_file(): raise FileNotFoundError(f"Inception-v3 weights file {p} does not exist")
-        return p
+        return check(p)
     cands = []
     if os.environ.get(INCEPTION_WEIGHTS_ENV):
         cands.append(Path(os.environ[INCEPTION_WEIGHTS_ENV]).expanduser())
@@ -48,7 +54,7 @@ def inception_weights_path(path: str | os.PathLike | None = None) -> Path:
         Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_URL.rsplit("/", 1)[1]
     )
     for c in cands:
-        if c.is_file(): return c
+        if c.is_file(): return check(c)
     raise OfflineError("the Inception-v3 weights for FID are not on this machine (looked at: "
         + ", ".join(map(str, cands))
         + "). Offline, use the course's digits feature extractor: extractor='digits' (CLI: course"
@@ -104,7 +110,7 @@ def metric_images(generated, reference, metrics, num_samples=None, size=None, ba
     gen = as_uint8_images(generated, num_samples=num_samples, size=size, batch_size=batch_size)
     binary = any(m in metrics for m in ("fid", "kid", "prc"))
     ref_size = size or (gen.shape[-1] if gen.shape[-1] == gen.shape[-2] else None)
-    is_named = isinstance(reference, str) and reference in REFERENCES
+    is_named = reference_name(reference) is not None
     ref = as_uint8_images(reference, size=ref_size if is_named else size) if binary else None
     return gen, ref, is_named
 
@@ -127,6 +133,7 @@ def check_image_counts(metrics, gen, ref, isc_splits) -> None:
 def reference_cache_args(reference: str, ref, extractor: str, fe_kwargs: dict) -> dict:
     "torch-fidelity's cache arguments for the features of the named `reference` (images `ref`)."
     wp = Path(fe_kwargs["feature_extractor_weights_path"]) if fe_kwargs else None
+    reference = reference_name(reference)   # 'ref:digits-train' is 'digits-train'
     return dict(cache=True, cache_root=str(cache_dir("metrics", "fidelity")),
         input2_cache_name=f"{reference}-{ref.shape[-1]}px-{extractor_fingerprint(extractor, wp)}")
 
@@ -213,11 +220,12 @@ def reference_stats_path(reference, extractor: str = "digits", weights_path=None
     names, sizes and times), `size`, the extractor and its weights' fingerprint."""
     from course_lib.cache import cache_key
     wp = inception_weights_path(weights_path) if extractor == "inception" else None
-    named = reference in REFERENCES
-    setting = {"reference": str(reference) if named else "folder", "size": size,
+    name = reference_name(reference)   # 'ref:digits-train' is 'digits-train'
+    named = name is not None
+    setting = {"reference": name if named else "folder", "size": size,
                "extractor": extractor, "weights": extractor_fingerprint(extractor, wp)}
     key = cache_key("reference_stats", setting, data=None if named else Path(reference))
-    tag = str(reference) if named else "folder"
+    tag = name if named else "folder"
     return cache_dir("metrics") / f"stats-{tag}-{size or 'native'}px-{extractor}-{key}.npz"
 
 def cached_statistics(path: Path, compute: Callable[[], tuple], extractor: str = "digits",

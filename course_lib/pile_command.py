@@ -165,11 +165,12 @@ def mini_pile(max_mb_per_subset: float = 4.0, max_doc_kb: float = 256,
     return paths
 
 # %% ../nbs/66_pile_command.ipynb #cb4efa14
-def _stats_one(path: str, errors: str, threaded: bool = True) -> tuple[dict, dict]:
+def _stats_one(path: str, errors: str, threaded: bool = True,
+               zstd_dict: str | None = None) -> tuple[dict, dict]:
     st = ReadStats()
     with warnings.catch_warnings():   # the command names a folder's skipped files (`_stats_tasks`)
         warnings.filterwarnings("ignore", message=r".*: skipped \d+ file\(s\) that are not")
-        counts = count_subsets(load_corpus(path, errors, st, threaded=threaded))
+        counts = count_subsets(load_corpus(path, errors, st, threaded, zstd_dict))
     info = {"lines": st.lines, "skipped": st.skipped, "blank": st.blank}
     return {k: asdict(v) for k, v in counts.items()}, info
 
@@ -185,6 +186,10 @@ def _stats_tasks(paths: list[str]) -> tuple[list[str], list[str]]:
     return out, notes
 
 # %% ../nbs/66_pile_command.ipynb #9db88fcb
+def _zstd_dict_option(p) -> None:
+    p.add_argument("--zstd-dict", metavar="FILE", default=None,
+                   help="the zstd dictionary the .zst files were compressed with (zstd -D FILE)")
+
 def _pile_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course pile", description="Pile-format .jsonl.zst tools")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
@@ -195,6 +200,7 @@ def _pile_parser() -> argparse.ArgumentParser:
                    help="a malformed line: stop (strict, the default) or skip and count it")
     s.add_argument("--processes", type=int, default=1,
                    help="read several files (or a folder's shards) in parallel processes")
+    _zstd_dict_option(s)
     b = sub.add_parser("build-mini",
                        help="write the mini-Pile (train/val/test .jsonl.zst) into OUT")
     b.add_argument("out")
@@ -245,10 +251,12 @@ def _clean_parser(sub) -> None:
                    help="tasks run at the same time, in processes (default 1)")
     c.add_argument("--errors", choices=("strict", "skip"), default="strict",
                    help="a malformed line: stop (strict, the default) or skip and count it")
+    _zstd_dict_option(c)
 
 
 # %% ../nbs/66_pile_command.ipynb #c01795c8
-def _stats_parts(tasks: list[str], errors: str, processes: int) -> list[tuple[dict, dict]]:
+def _stats_parts(tasks: list[str], errors: str, processes: int,
+                 zstd_dict: str | None = None) -> list[tuple[dict, dict]]:
     """`_stats_one` of each task, in the tasks' order, in `processes` worker processes if > 1
     (started by `start_method`: forked on Linux)."""
     import multiprocessing   # here: importing this module stays quick
@@ -259,25 +267,46 @@ def _stats_parts(tasks: list[str], errors: str, processes: int) -> list[tuple[di
         ctx = multiprocessing.get_context(start_method())   # fork on Linux, as in Python < 3.14
         with forking_beside_threads(), ProcessPoolExecutor(min(processes, len(tasks)),
                                                            mp_context=ctx) as ex:
-            futs = {i: ex.submit(_stats_one, tasks[i], errors, False) for i in order}
+            futs = {i: ex.submit(_stats_one, tasks[i], errors, False, zstd_dict) for i in order}
             return [futs[i].result() for i in range(len(tasks))]
-    return [_stats_one(f, errors) for f in tasks]
+    return [_stats_one(f, errors, True, zstd_dict) for f in tasks]
+
+def _bad_stats_args(a) -> str | None:
+    "What is wrong with `course pile stats`'s arguments `a`, or None."
+    missing = [f for f in a.files if not Path(f).exists()]
+    if missing: return f"no such file or folder: {', '.join(missing)}"
+    if a.processes < 1: return f"--processes must be >= 1, got {a.processes}"
+    if a.zstd_dict is not None and not Path(a.zstd_dict).is_file():
+        return (f"--zstd-dict {a.zstd_dict}: no such file (the zstd dictionary the files were "
+                f"compressed with)")
+    return None
 
 
 def _skipped_note(n: int) -> str: return f"({n} bad line{'' if n == 1 else 's'} skipped)"
 
 
-# %% ../nbs/66_pile_command.ipynb #1bd61b5e
+# %% ../nbs/66_pile_command.ipynb #c47c0001
 def _decontaminate_paths(value: str | None) -> list[str] | None:
-    "`--decontaminate`: an existing path, or mini-Pile split names (val, test, val,test)."
-    if value is None or Path(value).exists(): return None if value is None else [value]
-    names = value.split(",")
-    if not all(n in ("val", "test") for n in names):
+    """`--decontaminate`: an existing path, or mini-Pile split names (val, test, val,test), written
+    `mini:val` to name the split beside a file or folder `val`. `ValueError` when a bare split name
+    is also a path here (naming both), `FileNotFoundError` when it is neither."""
+    if value is None: return None
+    names = value.removeprefix("mini:")
+    split, here = all(n in ("val", "test") for n in names.split(",")), Path(value).exists()
+    if split and here and names == value:
+        raise ValueError(f"--decontaminate {value} names both the file or folder "
+                         f"{Path(value).absolute()} and the mini-Pile's {value} split: write "
+                         f"./{value} for the file or folder, mini:{value} for the split")
+    if here and names == value: return [value]
+    if not split:
         raise FileNotFoundError(f"--decontaminate {value}: no such file or folder, and not "
-                                f"val, test or val,test")
+                                f"val, test or val,test (mini:val for the split beside a "
+                                f"folder val)")
     paths = mini_pile()
-    return [str(paths[n]) for n in names]
+    return [str(paths[n]) for n in names.split(",")]
 
+
+# %% ../nbs/66_pile_command.ipynb #1bd61b5e
 def _clean(a) -> int:
     "`course pile clean`: exit 2 for a bad argument (nothing written), 1 when the run fails."
     def say(m, code):
@@ -288,7 +317,7 @@ def _clean(a) -> int:
         return say(f"needs datatrove ({e}): pip install 'course_lib[pile]'", 1)
     filters = [f for f in a.filters if f != "none"]
     kw = dict(dedup=a.dedup, filters=filters, drop_subsets=a.drop_subsets, errors=a.errors,
-              tasks=a.tasks)
+              tasks=a.tasks, zstd_dict=a.zstd_dict)
     try:
         kw["decontaminate"] = _decontaminate_paths(a.decontaminate)
         pp.check_clean_args(a.input, a.output, workers=a.workers, **kw)
@@ -310,15 +339,12 @@ def _clean(a) -> int:
 def _stats(a) -> int:
     "`course pile stats`: exit 2 for a bad argument, 1 for a damaged file or a dead worker."
     from concurrent.futures.process import BrokenProcessPool
-    missing = [f for f in a.files if not Path(f).exists()]
-    bad = f"no such file or folder: {', '.join(missing)}" if missing else None
-    if not missing and a.processes < 1: bad = f"--processes must be >= 1, got {a.processes}"
-    if bad:
+    if bad := _bad_stats_args(a):
         print(f"course pile stats: {bad}", file=sys.stderr)
         return 2
     tasks, notes = _stats_tasks(a.files)
     for note in notes: print(f"course pile stats: {note}", file=sys.stderr)
-    try: parts = _stats_parts(tasks, a.errors, a.processes)
+    try: parts = _stats_parts(tasks, a.errors, a.processes, a.zstd_dict)
     except (PileFormatError, ValueError, FileNotFoundError) as e:
         print(f"course pile stats: {e}", file=sys.stderr)
         return 1
@@ -336,7 +362,7 @@ def _stats(a) -> int:
     return 0
 
 def pile_main(argv: list[str]) -> int:
-    """`course pile stats FILE... [--json] [--errors skip] [--processes N]` |
+    """`course pile stats FILE... [--json] [--errors skip] [--processes N] [--zstd-dict FILE]` |
     `course pile build-mini OUT [--max-mb N]` | `course pile clean IN OUT [options]` (`--help`).
     Returns the exit code."""
     p = _pile_parser()

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import zstandard
 
-from .zstd_stream import _Corrupt, _dctx, _zstd_chunks
-from .jsonl_zst import (
-    CorruptStreamError, PileFormatError, ReadStats, read_jsonl_zst, _BOM, _loads, _not_a_record)
+from .zstd_stream import (
+    _Corrupt, _dctx, _zstd_chunks, as_zstd_dict, first_frame_dict_id)
+from course_lib.jsonl_zst import (
+    PileFormatError, ReadStats, ZstdDictionaryError, read_jsonl_zst, _BOM, _loads, _not_a_record,
+    _stream_error)
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'skipped_files_note', 'load_corpus']
+__all__ = ['TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict', 'skipped_files_note', 'load_corpus']
 
 # %% ../nbs/65_pile_corpus.ipynb #c18f2999
 def _read_text(p: Path) -> str | None:
@@ -30,20 +32,23 @@ TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".tex", ".html", ".json", ".csv",
 
 SHARD_SUFFIXES = (".jsonl.zst", ".jsonl.gz", ".jsonl", ".json.zst")   # in any case: .JSONL.ZST
 
-def _json_array_records(path: Path, errors: str, stats: ReadStats | None) -> Iterator[dict] | None:
+def _json_array_records(path: Path, errors: str, stats: ReadStats | None,
+                        dict_data=None) -> Iterator[dict] | None:
     """The records of a `.json.zst` holding one JSON array of texts (or records), as lm_dataformat's
-    `read_json` reads it (whole, in memory), or None when the file holds JSON lines instead."""
+    `read_json` reads it (whole, in memory), or None when the file holds JSON lines instead.
+    `dict_data`: the zstd dictionary (`as_zstd_dict`)."""
+    zd = as_zstd_dict(dict_data)
     with open(path, "rb") as fh:
         try:
-            head = _dctx().stream_reader(fh, read_across_frames=True).read(1 << 12)
+            head = _dctx(zd).stream_reader(fh, read_across_frames=True).read(1 << 12)
         except zstandard.ZstdError:
             return None        # read_jsonl_zst says where the stream is corrupt
     if not head.removeprefix(_BOM).lstrip().startswith(b"["): return None
     stats = stats if stats is not None else ReadStats()
     stats.path, strict = str(path), errors == "strict"
     with open(path, "rb") as fh:
-        try: data = b"".join(_zstd_chunks(fh, stats))
-        except _Corrupt as e: raise CorruptStreamError(path, e.offset, 0, e.reason) from None
+        try: data = b"".join(_zstd_chunks(fh, stats, zd=zd))
+        except _Corrupt as e: raise _stream_error(path, e, 0) from None
     try: items = _loads(data.removeprefix(_BOM))
     except ValueError as e: raise PileFormatError(path, None, f"invalid JSON array ({e})") from None
     return _array_items(items, stats, strict)
@@ -82,6 +87,18 @@ def _folder_files(path: Path) -> tuple[list[Path], list[Path], list[Path]]:
     read = set(shards or texts)
     return shards, texts, [p for p in files if p not in read]
 
+def check_zstd_dict(paths, dict_data=None) -> None:
+    """Before a long read: `ZstdDictionaryError` for the first `.zst` file of `paths` (files, or
+    folders: their shards) whose first frame names a zstd dictionary other than `dict_data`
+    (`as_zstd_dict`, None: none). Reads 10 bytes a file, later frames are checked as they are
+    read. Raises `FileNotFoundError` for a missing dictionary file."""
+    zd = as_zstd_dict(dict_data)
+    have = None if zd is None else zd.dict_id()
+    for p in map(Path, paths):
+        for f in _folder_files(p)[0] if p.is_dir() else [p]:
+            need = first_frame_dict_id(f) if f.name.lower().endswith(".zst") else None
+            if need and need != have: raise ZstdDictionaryError(f, need, have, 0)
+
 def skipped_files_note(path: Path, shards: list, skipped: list[Path]) -> str:
     "What `load_corpus` (and `course pile stats`) say about the files of a folder they do not read."
     kind = (f"shards ({', '.join(SHARD_SUFFIXES)})" if shards else
@@ -110,26 +127,26 @@ def _text_file_records(path: Path, files: list[Path], errors: str,
 
 # %% ../nbs/65_pile_corpus.ipynb #5bec8dcd
 def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStats | None = None,
-                threaded: bool = True) -> Iterator[dict]:
+                threaded: bool = True, dict_data=None) -> Iterator[dict]:
     """Records from `path`: a `.jsonl.zst`, `.jsonl.gz`, `.jsonl` or `.json.zst` file (the last is
     lm_dataformat's one JSON array of texts, read whole, or JSON lines), suffixes matched in any
     case (`.JSONL.ZST` too), a folder holding such files (read in sorted order), or a folder of text
     files (`TEXT_SUFFIXES`, each file a document whose `pile_set_name` is its top-level
     sub-folder, or the folder's own name). A folder's other files are named in a warning
-    (`skipped_files_note`), names starting with '.' are ignored. `errors`, `stats`, `threaded`: as
-    in `read_jsonl_zst`. Raises `FileNotFoundError` for a missing path or a folder with nothing to
-    read, `PileFormatError` naming a 0-byte `.zst` or `.gz` file (damaged: a compressed stream is
-    never empty, even without records)."""
+    (`skipped_files_note`), names starting with '.' are ignored. `errors`, `stats`, `threaded`,
+    `dict_data` (a zstd dictionary): as in `read_jsonl_zst`. Raises `FileNotFoundError` for a
+    missing path or a folder with nothing to read, `PileFormatError` naming a 0-byte `.zst` or
+    `.gz` file (damaged: a compressed stream is never empty, even without records)."""
     path = Path(path)
     if path.is_file():
         _refuse_empty_compressed(path)
         if path.name.lower().endswith(".json.zst"):
-            recs = _json_array_records(path, errors, stats)
+            recs = _json_array_records(path, errors, stats, dict_data)
             if recs is not None:
                 yield from recs
                 return
         if _is_shard(path):
-            yield from read_jsonl_zst(path, errors, stats, threaded)
+            yield from read_jsonl_zst(path, errors, stats, threaded, dict_data=dict_data)
             return
         raise ValueError(f"{path}: expected a {', '.join(SHARD_SUFFIXES)} file, or a folder")
     if not path.is_dir(): raise FileNotFoundError(f"no such file or folder: {path}")
@@ -140,6 +157,6 @@ def load_corpus(path: str | os.PathLike, errors: str = "strict", stats: ReadStat
                                 f"files ({', '.join(TEXT_SUFFIXES)}){held}")
     if skipped: warnings.warn(skipped_files_note(path, shards, skipped), stacklevel=2)
     if shards:
-        for p in shards: yield from load_corpus(p, errors, stats, threaded)
+        for p in shards: yield from load_corpus(p, errors, stats, threaded, dict_data)
         return
     yield from _text_file_records(path, files, errors, stats)

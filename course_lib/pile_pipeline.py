@@ -26,7 +26,7 @@ from .core import atomic_write, forking_beside_threads, patch_to, start_method
 from .jsonl_zst import ReadStats, read_jsonl_zst, write_jsonl_zst
 from .pile import MINI_PILE_SUBSETS, PILE_SUBSETS
 from .pile_clean import Decontaminator, RemovalLog, gopher_reasons, text_hash
-from .pile_corpus import SHARD_SUFFIXES
+from .pile_corpus import SHARD_SUFFIXES, check_zstd_dict
 
 # %% auto #0
 __all__ = ['MINHASH_CONFIG', 'FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'doc_from_record', 'pile_record', 'subset_of',
@@ -84,18 +84,19 @@ class PileReader(BaseDiskReader):
     through `read_jsonl_zst`. `errors`: 'strict' raises on a malformed line, 'skip' counts it.
     Document ids are `relative/path/record_number`, `metadata` is the record's `meta`.
     `ids_from_records`: take the id from the record (the pipeline's own intermediate shards).
-    `counts_folder`: write `{rank:05d}.json` (documents and bytes per subset, skipped lines)."""
+    `counts_folder`: write `{rank:05d}.json` (documents and bytes per subset, skipped lines).
+    `dict_data`: the zstd dictionary of the shards (a path or bytes, see `read_jsonl_zst`)."""
     name = "📚 Pile shards"
 
     def __init__(self, data_folder, glob_pattern: str | None = None, errors: str = "strict",
                  counts_folder=None, ids_from_records: bool = False, limit: int = -1,
-                 skip: int = 0, recursive: bool = True):
+                 skip: int = 0, recursive: bool = True, dict_data=None):
         if errors not in ("strict", "skip"):
             raise ValueError(f"errors must be 'strict' or 'skip', got {errors!r}")
         if isinstance(data_folder, Path): data_folder = str(data_folder)
         super().__init__(data_folder, limit=limit, skip=skip, recursive=recursive,
                          glob_pattern=glob_pattern, add_file_path=False)
-        self.errors, self.ids_from_records = errors, ids_from_records
+        self.errors, self.ids_from_records, self.dict_data = errors, ids_from_records, dict_data
         self.counts_folder = str(counts_folder) if counts_folder else None
         self._reads: list[ReadStats] = []
 
@@ -109,7 +110,8 @@ class PileReader(BaseDiskReader):
         st = ReadStats()
         self._reads.append(st)
         path = self.data_folder.resolve_paths(filepath)
-        for i, rec in enumerate(read_jsonl_zst(path, self.errors, st)):
+        for i, rec in enumerate(read_jsonl_zst(path, self.errors, st,
+                                                  dict_data=self.dict_data)):
             doc_id = str(rec.pop(_ID)) if self.ids_from_records else f"{filepath}/{i}"
             yield doc_from_record(rec, doc_id)
 
@@ -351,25 +353,24 @@ FILTERS = ("gopher",)
 DEDUPS = ("exact", "minhash")
 STEPS = ("subset", "gopher", "decontaminate", "exact-dedup", "minhash-dedup")   # pipeline order
 
-def _reader(input, errors, work: Path) -> PileReader:
-    p = Path(input)
-    if p.is_file():
-        return PileReader(p.parent, glob_pattern=p.name, errors=errors,
-                          counts_folder=work/"counts/in")
-    return PileReader(p, errors=errors, counts_folder=work/"counts/in")
+def _reader(input, errors, work: Path, zstd_dict=None) -> PileReader:
+    p, kw = Path(input), dict(errors=errors, counts_folder=work/"counts/in", dict_data=zstd_dict)
+    if p.is_file(): return PileReader(p.parent, glob_pattern=p.name, **kw)
+    return PileReader(p, **kw)
 
 # %% ../nbs/69a_pile_pipeline.ipynb #3185fe3f
 def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable[str] = ("gopher",),
                    drop_subsets: Iterable[str] = (), decontaminate=None, errors: str = "strict",
-                   work_dir=None) -> list[Stage]:
+                   work_dir=None, zstd_dict=None) -> list[Stage]:
     """The stages of `course pile clean`: read the Pile shards of `input` (a file or a folder), drop
     `drop_subsets`, apply `filters` ('gopher'), drop what shares 13-grams with `decontaminate`
     (Pile-format files or folders), deduplicate (`dedup`: 'exact', 'minhash' or None) and write
-    `output/{rank:05d}.jsonl.zst`. Counts and removal logs go to `work_dir` (`output/.clean`)."""
+    `output/{rank:05d}.jsonl.zst`. Counts and removal logs go to `work_dir` (`output/.clean`).
+    `zstd_dict`: the zstd dictionary of the input shards (a path or bytes)."""
     out = Path(output)
     work = Path(work_dir) if work_dir else out/".clean"
     removed = lambda step: RemovalWriter(work/"removed"/step, step)
-    steps = [_reader(input, errors, work)]
+    steps = [_reader(input, errors, work, zstd_dict)]
     if drop_subsets: steps.append(SubsetFilter(drop_subsets, removed("subset")))
     if "gopher" in filters: steps.append(GopherRulesFilter(removed("gopher")))
     if decontaminate is not None:
@@ -474,13 +475,14 @@ def clean_settings(input, dedup="exact", filters=("gopher",), drop_subsets=(), d
 # %% ../nbs/69a_pile_pipeline.ipynb #171334a2
 def check_clean_args(input, output, dedup="exact", filters=("gopher",), drop_subsets=(),
                      decontaminate=None, errors="strict", tasks=1, workers=1,
-                     executor="local") -> dict:
+                     executor="local", zstd_dict=None) -> dict:
     """The run's settings (`clean_settings`), or `ValueError`/`FileNotFoundError` with one line
     naming the bad value. Writes nothing."""
     p, out = Path(input), Path(output)
     if not p.exists(): raise FileNotFoundError(f"no such file or folder: {input}")
     if not _has_shards(p):
         raise ValueError(f"{input}: no Pile shards ({', '.join(SHARD_SUFFIXES)}) in it")
+    check_zstd_dict([p], zstd_dict)   # a shard whose first frame needs another zstd dictionary
     for name, v in (("tasks", tasks), ("workers", workers)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -580,20 +582,20 @@ def clean_report(output, work_dir=None) -> CleanReport:
 def run_clean(input, output, dedup: str | None = "exact", filters: Iterable[str] = ("gopher",),
               drop_subsets: Iterable[str] = (), decontaminate=None, errors: str = "strict",
               tasks: int = 1, workers: int = 1, executor: str = "local",
-              logging_dir=None) -> CleanReport:
+              logging_dir=None, zstd_dict=None) -> CleanReport:
     """Clean the Pile shards of `input` into `output` (see `clean_pipeline`) on `executor`
     ('local': `workers` processes, 'ray': the cluster of `ray.init()`), in `tasks` tasks. A run
     stopped part-way resumes when run again with the same settings (and `logging_dir`, default
     `output/.clean/logs`): finished tasks are skipped, and the output is byte for byte that of an
-    uninterrupted run.
+    uninterrupted run. `zstd_dict`: the zstd dictionary of the input shards (a path or bytes).
     Returns the `CleanReport`. Raises `ValueError` (one line) for bad arguments, writing nothing."""
     settings = check_clean_args(input, output, dedup, filters, drop_subsets, decontaminate, errors,
-                                tasks, workers, executor)
+                                tasks, workers, executor, zstd_dict)
     work = Path(output)/".clean"
     work.mkdir(parents=True, exist_ok=True)
     _write_json(work/"settings.json", settings)
     stages = clean_pipeline(input, output, dedup, tuple(filters), tuple(drop_subsets),
-                            decontaminate, errors, work_dir=work)
+                            decontaminate, errors, work_dir=work, zstd_dict=zstd_dict)
     run_pipeline(stages, logging_dir or work/"logs", tasks, workers, executor)
     shutil.rmtree(work/"tmp", ignore_errors=True)   # intermediate shards and signatures
     report = clean_report(output, work)

@@ -13,8 +13,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .data import to_uint8
-from .ddpm_checks import (check_class_labels, check_num_steps, check_prediction_type,
-                                    step_options)
+from .ddpm_checks import (check_batch_size, check_class_labels, check_num_steps,
+                                    check_prediction_type, step_options)
 from .schedule import NoiseSchedule
 from .core import patch_to
 
@@ -177,11 +177,11 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50,
     `generator` (CPU or the model's device: see `randn_on`) draws x_T and the samplers' noise.
     `class_labels`: an int or `(n,)` ints for a class-conditional model (required then, refused
     otherwise). `eta`: passed to `scheduler.step` (DDIM's eta). `batch_size`: images per network
-    call. `callback(i, t, x_t)`: after each step (for animations). `step_kwargs`: more options of
-    `scheduler.step` (e.g. DDIM's `use_clipped_model_output=True`). Returns `(images (n, C, H, W)
-    uint8 in [0, 255], images (n, C, H, W) float32 in [-1, 1])`. Raises `ValueError` for `n` < 1,
-    `num_inference_steps` outside [1, T], bad labels, or an `eta` or step option the scheduler
-    does not take, and `FloatingPointError` if the samples hold NaN or infinity (never images)."""
+    call (None: all). `callback(i, t, x_t)`: after each step (for animations). `step_kwargs`:
+    more options of `scheduler.step` (e.g. DDIM's `use_clipped_model_output=True`). Returns
+    `(images (n, C, H, W) uint8 in [0, 255], images (n, C, H, W) float32 in [-1, 1])`. Raises
+    `ValueError` for `n` < 1, steps outside [1, T], bad labels or batch size, or an `eta` or step
+    option the scheduler does not take, and `FloatingPointError` for NaN or infinity (no images)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n (the number of images) must be a positive int, got {n!r}")
     ours = getattr(scheduler, "schedule", None)      # an AncestralSampler; else diffusers' config
@@ -189,7 +189,7 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50,
     num_inference_steps = check_num_steps(num_inference_steps, T)
     y = check_class_labels(model, n, class_labels)
     kw = step_options(scheduler, generator, eta, step_kwargs)
-    bs, was = batch_size or n, model.training
+    bs, was = check_batch_size(batch_size, n), model.training
     model.eval()
     xs = torch.cat([_sample_batch(model, scheduler, min(bs, n - i0), num_inference_steps, generator,
                                   None if y is None else y[i0:i0 + bs], kw, callback, progress)

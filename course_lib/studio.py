@@ -17,7 +17,9 @@ from .flux_dashboard import save_preview
 from .flux_lora_train import FluxLoRAConfig, flux_generate, train_flux_lora
 from .kohya import (EXPORT_DTYPES, EXPORT_FORMATS, export_adapter, export_options,
                               flux_concept_judge, load_exported, unet_concept_judge)
+from .lora_base import repeat_prompts
 from .lora_command import LoRATrainConfig, lora_config_from_dict, train_lora_run
+from .weight_files import check_weights_file
 
 # %% auto #0
 __all__ = ['TRAINERS', 'CONFIGS', 'STUDIO_PRESET', 'IMAGE_TYPES', 'STATUS_EVERY_S', 'StudioBase', 'default_bases', 'tiny_bases',
@@ -738,7 +740,10 @@ def generator(self, trainer: str):
 def load_adapter_file(self, trainer: str, path: str | os.PathLike, name: str | None = None) -> str:
     """Load an adapter file (diffusers or kohya format: `course_lib.kohya.load_exported`) into
     `trainer`'s generation pipeline as `name` (default: the file's stem). Raises `ValueError`
-    saying so when the file is for another architecture."""
+    saying so when the file is for another architecture, and naming a file that is no safetensors
+    file (empty, a web page, cut short: `weight_files.check_weights_file`) before the base loads."""
+    check_weights_file(path, ("safetensors",), "LoRA file", "export it again (the Export tab, or "
+                       "course_lib.kohya.export_adapter), or copy or download it again")
     pipe, loaded = self.generator(trainer)
     name = _adapter_id(name or Path(path).stem)
     if name in loaded: return name
@@ -781,7 +786,7 @@ def generate(self, trainer: str, prompt: str, adapters: dict[str, float] | None 
     one loaded pipeline. `guidance` > 1 is classifier-free guidance against `negative_prompt`:
     FLUX through `course_lib.flux.generate`, the unit 4 UNet (no text encoder: its prompts name a
     digit or the trigger) through `_unet_model`, where the negative prompt is required. Returns
-    images in [0, 1]."""
+    images in [0, 1], `ValueError` naming a bad `n`, `steps` or `guidance` (0 is no default)."""
     from course_lib.guidance import check_guidance_scale
     from course_lib.lora import set_adapters
     guidance = check_guidance_scale(guidance)
@@ -799,8 +804,8 @@ def generate(self, trainer: str, prompt: str, adapters: dict[str, float] | None 
         if names: pipe.enable_lora()
         if guidance > 1:
             from course_lib.flux import generate as flux_cfg
-            x = flux_cfg(pipe, [prompt] * n, guidance_scale=guidance, num_inference_steps=steps,
-                         seed=seed, negative_prompt=negative_prompt or None)
+            x = flux_cfg(pipe, repeat_prompts(prompt, n), guidance_scale=guidance, seed=seed,
+                         num_inference_steps=steps, negative_prompt=negative_prompt or None)
             return (x + 1) / 2
         return flux_generate(pipe, prompt, self.bases["flux"].image_size, n=n,
                              num_inference_steps=steps, seed=seed)
@@ -1120,7 +1125,8 @@ def _generate_tab(st: Studio, gr):
 
     @_guard(2)
     def run(t, p, n, s, g, k, spec):
-        x = st.generate(t, p, parse(spec), n, int(s or 0), float(g or 1), int(k or 20))
+        s, g, k = (d if v is None else type(d)(v) for v, d in ((s, 0), (g, 1.0), (k, 20)))
+        x = st.generate(t, p, parse(spec), n, s, g, k)      # an emptied box: the default
         return f"generated with {spec or 'the base model'}", _grid(x), \
             [(str(a), b) for a, b in st.gallery()]
 

@@ -13,6 +13,7 @@ import timm
 from .core import save_checkpoint
 from .vision_checks import check_model_name, model_in_chans, model_fixed_size
 from .vision_registry import model_data_config, record_input_size
+from .weight_files import why_unreadable
 
 
 # %% auto #0
@@ -43,7 +44,8 @@ def save_model(model: nn.Module, path: str | os.PathLike, **metadata) -> Path:
 def checkpoint_info(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
     """The tensor shapes `{name: shape}` and header metadata of a safetensors checkpoint, without
     loading it, names without wrapper prefixes (`clean_key`). Raises `FileNotFoundError` (missing)
-    or `ValueError` naming the file (damaged, truncated or not a safetensors file)."""
+    or `ValueError` naming the file and what it is (damaged, cut short, empty, a web page, not a
+    safetensors file: `weight_files.weights_problem`)."""
     from safetensors import safe_open
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"no checkpoint at {path}")
@@ -53,7 +55,7 @@ def checkpoint_info(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]]
             meta = dict(f.metadata() or {})
     except Exception as e:
         raise ValueError(
-            f"{path} is damaged or not a safetensors checkpoint ({type(e).__name__}: {e}): copy"
+            f"{path} is damaged or not a safetensors checkpoint ({why_unreadable(path, e)}): copy"
             " it again if it was cut short, or save it again with course_lib.vision.save_model"
             " (or safetensors.torch.save_file(model.state_dict(), path))"
         ) from None

@@ -4,16 +4,18 @@
 
 # %% ../nbs/64_zstd_stream.ipynb #ef7075a3
 from __future__ import annotations
-import queue, threading
+import os, queue, threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import zstandard
 
 MAX_WINDOW_SIZE = 1 << 31   # the largest zstd window read: `zstd --long=31`, zstd's own maximum
 
-def _dctx() -> zstandard.ZstdDecompressor:
-    "A decompressor for long-window files (`zstd --long=N`, N <= 31; windows allocated as needed)."
-    return zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE)
+def _dctx(zd: zstandard.ZstdCompressionDict | None = None) -> zstandard.ZstdDecompressor:
+    """A decompressor for long-window files (`zstd --long=N`, N <= 31, windows allocated as
+    needed), with the zstd dictionary `zd` (None: none)."""
+    return zstandard.ZstdDecompressor(dict_data=zd, max_window_size=MAX_WINDOW_SIZE)
 
 class _Corrupt(Exception):
     def __init__(self, offset, reason): self.offset, self.reason = offset, reason
@@ -26,7 +28,7 @@ class _Careful(Exception):
 _PIECE_MIN, _PIECE_MAX, _NBUF = 1 << 20, 4 << 20, 3
 
 # %% auto #0
-__all__ = ['MAX_WINDOW_SIZE']
+__all__ = ['MAX_WINDOW_SIZE', 'frame_dict_id', 'first_frame_dict_id', 'as_zstd_dict']
 
 # %% ../nbs/64_zstd_stream.ipynb #708fdfb7
 class _FrameWalker:
@@ -93,6 +95,56 @@ def _walk_header(w: _FrameWalker, h: bytes) -> None:
         w.skip = int.from_bytes(h, "little")
         w.state, w.need = "magic", 4
 
+# %% ../nbs/64_zstd_stream.ipynb #c47a0002
+_DICT_HEADER = 10   # magic 4, Frame_Header_Descriptor 1, Window_Descriptor 1, Dictionary_ID 4
+
+def frame_dict_id(header: bytes) -> int | None:
+    """The Dictionary_ID of the zstd frame that starts with `header` (RFC 8878, section 3.1.1.1):
+    0 when the frame names no dictionary, None when `header` is not the start of a zstd frame (or
+    is too short). As `zstandard.get_frame_parameters(header).dict_id`."""
+    if len(header) < 5 or int.from_bytes(header[:4], "little") != 0xFD2FB528: return None
+    fhd = header[4]
+    start = 6 - (fhd >> 5 & 1)          # a Window_Descriptor unless Single_Segment_flag
+    size = (0, 1, 2, 4)[fhd & 3]        # Dictionary_ID_flag
+    if len(header) < start + size: return None
+    return int.from_bytes(header[start:start + size], "little")
+
+def first_frame_dict_id(path: str | os.PathLike) -> int | None:
+    "`frame_dict_id` of the first frame of the file `path` (read: its first 10 bytes)."
+    with open(path, "rb") as fh: return frame_dict_id(fh.read(_DICT_HEADER))
+
+def as_zstd_dict(dict_data) -> zstandard.ZstdCompressionDict | None:
+    """`dict_data` as a zstandard dictionary: None (none), a `zstandard.ZstdCompressionDict`, the
+    bytes of a dictionary (what `zstd --train -o FILE` writes, `ZstdCompressionDict.as_bytes()`;
+    other bytes are a raw-content dictionary) or the path of a dictionary file. Raises
+    `FileNotFoundError` naming a missing file, `TypeError` for another type."""
+    if dict_data is None or isinstance(dict_data, zstandard.ZstdCompressionDict): return dict_data
+    if isinstance(dict_data, (str, os.PathLike)):
+        if not Path(dict_data).is_file():
+            raise FileNotFoundError(f"no such zstd dictionary file: {dict_data} (the dictionary "
+                                    f"the files were compressed with, e.g. zstd --train's -o FILE)")
+        dict_data = Path(dict_data).read_bytes()
+    if isinstance(dict_data, (bytes, bytearray, memoryview)):
+        return zstandard.ZstdCompressionDict(bytes(dict_data))
+    raise TypeError(f"a zstd dictionary is a file path, bytes or a zstandard.ZstdCompressionDict, "
+                    f"got {type(dict_data).__name__}")
+
+# %% ../nbs/64_zstd_stream.ipynb #c47a0003
+class _NeedsDict(_Corrupt):
+    """A frame (at compressed byte `.frame_offset`) compressed with zstd dictionary `.dict_id`,
+    read with another one (`.given_id`, None: none)."""
+    def __init__(self, offset, reason, dict_id, given_id, frame_offset):
+        super().__init__(offset, reason)
+        self.dict_id, self.given_id, self.frame_offset = dict_id, given_id, frame_offset
+
+def _frame_error(fh, pos: int, zd, offset: int, reason: str) -> _Corrupt:
+    """The error for the frame at byte `pos` of `fh` that zstd refused (`reason`): `_NeedsDict` when
+    its header names a dictionary other than `zd`'s, else `_Corrupt`."""
+    fh.seek(pos)
+    need, have = frame_dict_id(fh.read(_DICT_HEADER)), None if zd is None else zd.dict_id()
+    if need and need != have: return _NeedsDict(offset, reason, need, have, pos)
+    return _Corrupt(offset, reason)
+
 # %% ../nbs/64_zstd_stream.ipynb #8c9436c1
 class _Source:
     "What zstandard's stream reader reads: the file, `read_size` bytes at a time, counted, walked."
@@ -107,10 +159,11 @@ class _Source:
 
 class _Fast:
     """Decompresses a (multi-frame) zstd file straight into the caller's buffers (no intermediate
-    bytes objects)."""
-    def __init__(self, fh, read_size: int):
+    bytes objects), with the zstd dictionary `zd` if given."""
+    def __init__(self, fh, read_size: int, zd: zstandard.ZstdCompressionDict | None = None):
         self.src = _Source(fh, read_size)
-        self.reader = _dctx().stream_reader(self.src, read_size=read_size, read_across_frames=True)
+        self.reader = _dctx(zd).stream_reader(self.src, read_size=read_size,
+                                              read_across_frames=True)
         self.delivered = 0
 
     def fill(self, view) -> int:
@@ -123,25 +176,28 @@ class _Fast:
         return n
 
 # %% ../nbs/64_zstd_stream.ipynb #e4245f35
-def _zstd_chunks(fh, stats, read_size: int = 1 << 16, skip: int = 0) -> Iterator[bytes]:
+def _zstd_chunks(fh, stats, read_size: int = 1 << 16, skip: int = 0,
+                 zd: zstandard.ZstdCompressionDict | None = None) -> Iterator[bytes]:
     """The careful path: decompressed pieces of a (multi-frame) zstd stream after its first `skip`
     bytes, from frame to frame. Raises `_Corrupt` (compressed offset to within `read_size`) on
-    corrupt, truncated or empty (0-byte) input.
-    `stats`: a `ReadStats` whose byte counts are kept."""
-    dctx = _dctx()
+    corrupt, truncated or empty (0-byte) input, `_NeedsDict` for a frame compressed with a zstd
+    dictionary other than `zd`. `stats`: a `ReadStats` whose byte counts are kept."""
+    dctx = _dctx(zd)
     new = lambda: dctx.decompressobj(write_size=1 << 20)
     dobj, in_frame, start = new(), False, fh.tell()
+    frame = read = 0                                # where the frame began, the bytes read
     while True:
         c = fh.read(read_size)
         if not c and fh.tell() == start == 0:      # nothing at all: not a zstd stream
             raise _Corrupt(0, "the file is empty (0 bytes), so not a zstd stream")
         if not c: break
         stats.compressed_bytes += len(c)
+        read += len(c)
         while c:
             in_frame = True
             try: out = dobj.decompress(c)
             except zstandard.ZstdError as e:
-                raise _Corrupt(stats.compressed_bytes, str(e)) from None
+                raise _frame_error(fh, start + frame, zd, stats.compressed_bytes, str(e)) from None
             if skip and out:
                 k = min(skip, len(out))
                 skip -= k
@@ -151,6 +207,7 @@ def _zstd_chunks(fh, stats, read_size: int = 1 << 16, skip: int = 0) -> Iterator
                 yield out
             if dobj.eof:                      # frame done: the rest of `c` starts the next frame
                 c, dobj, in_frame = dobj.unused_data, new(), False
+                frame = read - len(c)
             else: c = b""
     if in_frame:
         raise _Corrupt(stats.compressed_bytes, "the file ends inside a zstd frame: truncated")

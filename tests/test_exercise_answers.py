@@ -204,6 +204,6 @@ def test_specific_answers_in_words():
     m = E.check_q_sample(lambda x0, t, eps, a: x0.mul_(2))
     assert "changed its input `x0` in place" in m.message, m.message
     ok = E.check_ema_update(lambda e, p, d: [ei.mul_(d).add_((1 - d) * pi) for ei, pi in zip(e, p)])
-    assert ok.passed, ok.message   # an in-place EMA is right: the note is for wrong answers only
+    assert ok.passed, ok.message   # an in-place EMA is right (its averages may change; a note says so)
     f = E.check_freeze_except_lora(lambda m: [p.requires_grad_("lora_" in n) for n, p in m.named_parameters()])
     assert f.passed, f.message     # a list returned: the model changed in place counts

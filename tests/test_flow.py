@@ -93,3 +93,67 @@ def test_bad_config_is_named():
         FlowConfig(label_dropout=0.1)
     with pytest.raises(ValueError, match="num_steps"):
         flow_grid(0)
+
+
+# ---------------------------------------------------------------- FLUX's dynamic shift (issue 47, 8)
+
+@pytest.mark.parametrize("mu", [0.0, 0.5, 0.7956, 1.15, 1.8, -0.3])
+@pytest.mark.parametrize("n", [1, 4, 20, 50])
+def test_dynamic_shift_grid_matches_diffusers(n, mu):
+    "flow_grid(n, mu=mu) is FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True).set_timesteps(n, mu=mu)."
+    from course_lib.flow import flow_grid
+    sch = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, use_dynamic_shifting=True, base_shift=0.5,
+                                          max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+    sch.set_timesteps(n, mu=mu)
+    grid = flow_grid(n, mu=mu)
+    assert grid.dtype == torch.float32 and grid.shape == (n + 1,)
+    assert (grid - sch.sigmas).abs().max() <= 1e-6
+    assert (grid[:-1] * 1000 - sch.timesteps).abs().max() <= 1e-6 * 1000      # 1e-6 of T
+    x_lib = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    for ts in sch.timesteps:
+        x_lib = sch.step(_field(x_lib, (ts / 1000).expand(8)), ts, x_lib).prev_sample
+    ours = euler_sample(_field, torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(1)), n, mu=mu)
+    assert (ours - x_lib).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("seq_len", [1, 16, 256, 1024, 4096, 8192])
+def test_calculate_shift_is_fluxpipelines(seq_len):
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift as theirs
+    from course_lib.flow import calculate_shift
+    assert calculate_shift(seq_len) == pytest.approx(theirs(seq_len), abs=1e-12)
+    kw = dict(base_seq_len=64, max_seq_len=1024, base_shift=0.3, max_shift=1.5)
+    assert calculate_shift(seq_len, **kw) == pytest.approx(theirs(seq_len, 64, 1024, 0.3, 1.5), abs=1e-12)
+
+
+def test_dynamic_shift_is_sd3s_shift_with_s_exp_mu():
+    "e^mu / (e^mu + 1/t - 1) = s t / (1 + (s - 1) t) with s = e^mu: only t_min differs between the two grids."
+    import math
+    from course_lib.flow import dynamic_shift_time, shift_time
+    t = torch.linspace(0.01, 1, 50, dtype=torch.float64)
+    assert torch.allclose(dynamic_shift_time(t, 0.7), shift_time(t, math.exp(0.7)), atol=1e-12)
+
+
+def test_dynamic_shift_bad_input_is_named():
+    from course_lib.flow import calculate_shift
+    with pytest.raises(ValueError, match=r"pass shift=3.0 or mu=0.5, not both"):
+        flow_grid(4, 3.0, mu=0.5)
+    for bad in (float("nan"), float("inf"), "1"):
+        with pytest.raises(ValueError, match=r"mu must be a finite number"):
+            flow_grid(4, mu=bad)
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises(ValueError, match=rf"image_seq_len must be an int >= 1, got {bad!r}"):
+            calculate_shift(bad)
+    with pytest.raises(ValueError, match=r"max_seq_len=256 must be above base_seq_len=256"):
+        calculate_shift(16, base_seq_len=256, max_seq_len=256)
+
+
+def test_flux_mini_samples_on_fluxpipelines_static_grid():
+    """What flux.generate's docstring says: FLUX-mini's scheduler is static (shift 1, no dynamic shifting), so the
+    mu FluxPipeline computes changes nothing and the grid is FluxPipeline's own linspace(1, 1/n, n), then 0."""
+    from course_lib.flux import generate, make_flux_pipeline
+    from course_lib.flux_io import FluxMiniConfig
+    pipe = make_flux_pipeline(FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1))
+    assert not pipe.scheduler.config.use_dynamic_shifting and pipe.scheduler.config.shift == 1.0
+    generate(pipe, ["seven"], num_inference_steps=5)
+    want = torch.cat([torch.linspace(1, 1 / 5, 5), torch.zeros(1)])
+    assert (pipe.scheduler.sigmas.cpu() - want).abs().max() <= 1e-6

@@ -220,7 +220,7 @@ def test_inception_weights_missing_names_the_digits_extractor(monkeypatch, tmp_p
         metrics_io.inception_weights_path()
     with pytest.raises(FileNotFoundError):
         metrics_io.inception_weights_path(tmp_path / "nope.pth")
-    (tmp_path / "w.pth").write_bytes(b"x")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "w.pth")   # a torch.save file: a 1-byte stand-in is refused
     monkeypatch.setenv("COURSE_LIB_INCEPTION_WEIGHTS", str(tmp_path / "w.pth"))
     assert metrics_io.inception_weights_path() == tmp_path / "w.pth"
 
