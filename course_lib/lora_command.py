@@ -46,7 +46,7 @@ def check_lora_folder(folder: str | os.PathLike, trigger: str = TRIGGER, size: i
 def parse_adapter_spec(spec: str, exists=os.path.isfile) -> tuple[str, float]:
     """`PATH` or `PATH=WEIGHT` (`course lora generate --adapter`) -> `(path, weight)`, weight 1 by
     default. A `spec` that `exists` (default: an existing file) is a path, '=' and all (sweep
-    folders are named `lr=3e-3/`); only then is it split at its last '='. Raises `ValueError`
+    folders are named `lr=3e-3/`), and only then is it split at its last '='. Raises `ValueError`
     naming the spec when the weight is not a finite number."""
     if exists(spec): return spec, 1.0
     path, eq, w = spec.rpartition("=")
