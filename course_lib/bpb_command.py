@@ -11,9 +11,9 @@ import torch
 
 from .bpb import bpb, model_window
 from .compressors import compressor_table
-from .jsonl_zst import PileFormatError, ReadStats
-from .pile_corpus import check_zstd_dict, load_corpus
-from .pile_command import format_table
+from .jsonl_zst import PileFormatError, ReadStats, ZstdDictionaryError
+from .pile_corpus import check_zstd_dict, load_corpus, zstd_dict_problem
+from .pile_command import DICT_EXIT, format_table
 from .weight_files import folder_problem
 
 # %% auto #0
@@ -67,7 +67,7 @@ def _finite_or_null(x):
 # %% ../nbs/68_bpb_command.ipynb #b05fea50
 def _bpb_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course bpb", description="bits per byte of a local causal LM "
-                                "on Pile-format files, per subset")
+                                "on Pile-format files, per subset", epilog=DICT_EXIT)
     p.add_argument("--model", required=True,
                    help="a local Hugging Face model directory (with its tokenizer)")
     p.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
@@ -91,9 +91,8 @@ def _bad_argument(a) -> str | None:
     "What is wrong with the arguments `a` (a missing file, a number < 1), or None."
     missing = [f for f in a.files if not Path(f).exists()]
     if missing: return f"no such file or folder: {', '.join(missing)}"
-    if a.zstd_dict is not None and not Path(a.zstd_dict).is_file():
-        return (f"--zstd-dict {a.zstd_dict}: no such file (the zstd dictionary the files were "
-                f"compressed with)")
+    note = lambda m: print(f"course bpb: note: {m}", file=sys.stderr)
+    if a.zstd_dict is not None and (bad := zstd_dict_problem(a.zstd_dict, note)): return bad
     for k in ("window", "stride", "batch_size", "max_docs"):
         v = getattr(a, k)
         if v is not None and v < 1: return f"--{k.replace('_', '-')} must be >= 1, got {v}"
@@ -130,8 +129,8 @@ def _score_files(a, model, tok) -> tuple:
 def bpb_main(argv: list[str]) -> int:
     """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
     [--errors {strict,skip}] [--compressors] [--zstd-dict FILE] [--json]`. Exit 2 for a bad
-    argument, a window longer than the model's context, or no text to score, 1 for a damaged data
-    file or one that needs another zstd dictionary (`--zstd-dict`). With `--json`, a
+    argument, a window longer than the model's context, no text to score, or a data file that
+    needs another zstd dictionary (`--zstd-dict`), 1 for a damaged data file. With `--json`, a
     figure that is undefined (the BPB of a subset whose documents are all empty) is null. With
     `--errors skip`, the number of bad lines skipped is printed (`skipped_lines` in the JSON)."""
     def fail(msg, code):
@@ -140,12 +139,12 @@ def bpb_main(argv: list[str]) -> int:
     try: a = _bpb_parser().parse_args(argv)
     except SystemExit as e: return int(e.code or 0)
     if (bad := _bad_argument(a)) is not None: return fail(bad, 2)
-    try: check_zstd_dict(a.files, a.zstd_dict)   # before the model loads: 10 bytes a file
-    except PileFormatError as e: return fail(e, 1)
+    try: check_zstd_dict(a.files, a.zstd_dict)   # before the model loads: a block a file
+    except PileFormatError as e: return fail(e, 2 if isinstance(e, ZstdDictionaryError) else 1)
     try: model, tok = load_local_lm(a.model)
     except (FileNotFoundError, OSError, ValueError) as e: return fail(e, 2)
     try: rep, docs, stats = _score_files(a, model, tok)
-    except PileFormatError as e: return fail(e, 1)   # a corrupt data file
+    except PileFormatError as e: return fail(e, 2 if isinstance(e, ZstdDictionaryError) else 1)
     except (ValueError, FileNotFoundError) as e: return fail(e, 2)
     if not rep.overall.bytes:
         return fail(f"no text to score: {len(docs)} document(s) with 0 bytes of text in "

@@ -12,9 +12,9 @@ import numpy as np
 from .core import CacheNotWritable, atomic_write, restore_pretrained
 
 # %% auto #0
-__all__ = ['OPTIMIZER_SETTINGS', 'data_fingerprint', 'cache_key', 'code_fingerprint', 'StaleCacheWarning', 'cache_record_path',
-           'record_cached', 'check_cached', 'cache_lock', 'cached', 'is_cached', 'ResumeWarning', 'resume_changes',
-           'set_hyperparams']
+__all__ = ['PATH_VARIABLES', 'OPTIMIZER_SETTINGS', 'data_fingerprint', 'cache_key', 'code_fingerprint', 'StaleCacheWarning',
+           'cache_record_path', 'record_cached', 'check_cached', 'cache_lock', 'cached', 'is_cached', 'path_problems',
+           'ResumeWarning', 'resume_changes', 'set_hyperparams']
 
 # %% ../nbs/07_cache.ipynb #d4e6cc06
 import dataclasses, hashlib, math
@@ -317,6 +317,79 @@ def is_cached(path: str | os.PathLike) -> bool:
         return False
     return (pretrained_dir() / rel).exists()
 
+# %% ../nbs/07_cache.ipynb #e4a9c7d1
+import tempfile
+
+PATH_VARIABLES = {   # variable: (what it names, how the course uses it, what to set it to)
+    "COURSE_LIB_HOME": ("the course cache (every loader fails with CacheNotWritable until it "
+                        "is fixed)", "folder to write", "a writable folder"),
+    "COURSE_LIB_ARTIFACTS": ("the folder notebooks save files to", "folder to write",
+                             "a writable folder"),
+    "COURSE_LIB_RESULTS": ("the results file", "file to write", "a file in a writable folder"),
+    "COURSE_LIB_PROBE_LOG": ("the device probe's log", "file to write",
+                             "a file in a writable folder"),
+    "COURSE_LIB_INCEPTION_WEIGHTS": ("the Inception-v3 weights for FID", "file to read",
+                                     "the downloaded weights file"),
+    "COURSE_LIB_ROOT": ("the course repository", "folder to read", "your clone of course_lib"),
+    "COURSE_LIB_CHROMIUM": ("the browser the website's tests drive", "file to run",
+                            "the Chromium executable")}
+
+
+def _writable(folder: Path) -> str | None:
+    "Why no file can be written in the existing `folder` (a temporary file is tried), or None."
+    try: fd, tmp = tempfile.mkstemp(prefix=".course-doctor.", suffix=".tmp", dir=folder)
+    except OSError as e: return f"{folder} is not writable ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _folder_problem(p: Path, write: bool) -> str | None:
+    "What stops the course from using `p` as a folder (to write into, if `write`), or None."
+    if p.exists():
+        if not p.is_dir(): return f"{p} is a file, not a folder"
+        if not os.access(p, os.R_OK | os.X_OK): return f"{p} cannot be read"
+        return _writable(p) if write else None
+    if not write: return f"{p} does not exist"
+    above = next(a for a in p.parents if a.exists())       # `p` would be made from there
+    if not above.is_dir(): return f"{p} cannot be made: {above} is a file, not a folder"
+    why = _writable(above)
+    return f"{p} cannot be made: {why}" if why else None
+
+# %% ../nbs/07_cache.ipynb #f2c8b6e3
+def _path_problem(p: Path, use: str) -> str | None:
+    "What is wrong with `p` for `use` (as in `PATH_VARIABLES`), or None."
+    kind, _, how = use.split()
+    if kind == "folder":
+        why = _folder_problem(p, how == "write")
+        if why or how == "write" or ((p/"units").is_dir() and (p/"nbs").is_dir()): return why
+        return f"{p} holds no units/ and nbs/"
+    if p.is_dir(): return f"{p} is a folder, not a file"
+    if how == "write": return _folder_problem(p.parent, True)
+    if not p.exists(): return f"{p} does not exist"
+    if not os.access(p, os.R_OK): return f"{p} cannot be read"
+    if how == "run" and not os.access(p, os.X_OK): return f"{p} is not executable"
+
+
+def path_problems(environ=None) -> list[str]:
+    """A warning (`'VAR=value: what is wrong; it names ... Set VAR to ..., or unset it'`) for each
+    variable of `PATH_VARIABLES` set in `environ` (default `os.environ`) that the course cannot use
+    as it will, and for the course cache when `COURSE_LIB_HOME` is unset
+    (`$XDG_CACHE_HOME/course_lib`, else `~/.cache/course_lib`). Makes no folder, and writes and
+    removes a temporary file where the course writes."""
+    env = os.environ if environ is None else environ
+    out = []
+    for var, (what, use, fix) in PATH_VARIABLES.items():
+        why = env.get(var) and _path_problem(Path(env[var]).expanduser(), use)
+        if why:
+            out.append(f"{var}={env[var]}: {why}; it names {what}. Set {var} to {fix}, or unset it")
+    if not env.get("COURSE_LIB_HOME"):
+        xdg = env.get("XDG_CACHE_HOME")
+        p = Path(xdg or Path.home()/".cache").expanduser()/"course_lib"
+        why = _path_problem(p, "folder to write")
+        said = f"XDG_CACHE_HOME={xdg}: {why}; it holds" if xdg else f"{why}; it is"
+        if why: out.append(f"{said} the course cache. Set COURSE_LIB_HOME to a writable folder")
+    return out
+
 # %% ../nbs/07_cache.ipynb #7d2b9e31
 class ResumeWarning(UserWarning):
     "A run resumed from its checkpoint trains on with settings that differ from the checkpoint's."
@@ -338,6 +411,10 @@ def resume_changes(meta: dict, now: dict, step: int, where, fixed=(), error=Valu
         raise error(f"checkpoint {where} was trained with other settings: " + ", ".join(
             f"{k}={diff[k][0]!r} there, {diff[k][1]!r} requested" for k in bad) + ". Resume "
             "with the checkpoint's values, or train a fresh run in another folder.")
+    if isinstance(now.get("steps"), int) and step > now["steps"]:
+        warnings.warn(f"{where} is at step {step}, past steps={now['steps']}: nothing is trained "
+                      f"and the checkpoint's model is returned; ask for more steps, or train a "
+                      f"fresh run in another folder", ResumeWarning, stacklevel=3)
     if loud := [k for k in diff if k not in quiet]:
         warnings.warn(f"resuming {where} at step {step} with changed settings: " + ", ".join(
             f"{k} {diff[k][0]!r} -> {diff[k][1]!r}" for k in loud) + f"; they take effect "

@@ -43,9 +43,11 @@ DOCTOR_PACKAGES = ("torch", "torchvision", "diffusers", "accelerate", "safetenso
                    "nbdev", "ipywidgets")
 
 def doctor_report() -> dict[str, Any]:
-    "Versions, device, cache folder and network, as a dict (what `course doctor` prints)."
+    """Versions, device, cache folder and network, as a dict (what `course doctor` prints). Its
+    warnings: versions known not to work, and paths the course cannot use (`path_problems`)."""
     from importlib.metadata import version, PackageNotFoundError
     from course_lib.core import cache_dir, get_device, network_available
+    from course_lib.cache import path_problems
     rep: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
                            "course_lib": course_lib.__version__}
     for pkg in DOCTOR_PACKAGES:
@@ -53,12 +55,10 @@ def doctor_report() -> dict[str, Any]:
             rep[pkg] = version(pkg)
         except PackageNotFoundError:
             rep[pkg] = "not installed"
-    try:
-        rep["device"] = str(get_device())
-    except ValueError as e:
-        rep["device"] = f"error: {e}"
+    try: rep["device"] = str(get_device())
+    except ValueError as e: rep["device"] = f"error: {e}"
     rep["bf16"] = bf16_support()
-    rep["warnings"] = version_warnings(rep) or "none"
+    rep["warnings"] = [*version_warnings(rep), *path_problems()] or "none"
     rep["cache_dir"] = str(cache_dir(create=False))
     try:
         rep["project_root"] = str(project_root())
@@ -419,7 +419,7 @@ def _dispatch(argv: list[str]) -> int:
         return 2
     if a.cmd == "doctor":
         for k, v in doctor_report().items():
-            print(f"{k:<15} {v}")
+            print(f"{k:<15} " + ("\n" + " " * 16).join(v if isinstance(v, list) else [str(v)]))
         return 0
     try:
         root = project_root()

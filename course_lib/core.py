@@ -308,7 +308,9 @@ def load_checkpoint(path: str | os.PathLike,
     from safetensors import safe_open
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
+        from course_lib.weight_files import not_a_file_error
+        raise (not_a_file_error(path, "checkpoint") if path.is_dir()    # "is a folder, not a file"
+               else FileNotFoundError(f"no checkpoint at {path}"))
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = dict(f.metadata() or {})

@@ -217,13 +217,12 @@ def install(kind: str = "cuda", bf16: str = "emulated"):
         return
     import torch._dynamo  # noqa: F401  (it reads torch.cuda/mps functions at import: the real ones)
     _state.update(kind=kind, installed=True)
-    # Module.to keeps each Parameter object (swapping its contents), so tied weights stay tied
-    torch.__future__.set_swap_module_params_on_conversion(True)
     # `with torch.device(d):` lists its factories once, on first use: list torch's own now, not the
     # wrappers below, so `torch.tensor` in it still lands on `d` (transformers tests for 'meta')
     from torch.utils._device import _device_constructors
     _device_constructors()
     _patch_factories()
+    _patch_conversion()
     _patch_tracers()
     _patch_threads()
     _patch_generator(kind)
@@ -248,6 +247,7 @@ def _write_log(path):
     rec["by_process"][str(os.getpid())] = ops_on_device()
     rec["ops_on_device"] = sum(rec["by_process"].values())
     if ops_on_device(): rec["top"] = _state["ops"].most_common(5)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)   # a folder not made yet
     with open(path, "w") as f: json.dump(rec, f)
 
 # %% ../nbs/09_device_probe.ipynb #b6e7d4e6
@@ -260,15 +260,49 @@ def _get_data(self): return _DATA.__get__(self)
 def _set_data(self, new):
     """`x.data = y` across the CPU and the probe device (allowed between CPU and CUDA tensors, while
     torch refuses it between a plain tensor and a subclass): `x` keeps its identity and takes `y`'s
-    values, as `Module.to` does with `swap_tensors`."""
+    values (`_swap`)."""
     if isinstance(self, ProbeTensor) == isinstance(new, ProbeTensor):
         _DATA.__set__(self, new)
         if isinstance(new, ProbeTensor): self.elem = new.elem   # the values (a new dtype: a cast)
         return
     rg, new = self.requires_grad, new.detach()
     if isinstance(self, torch.nn.Parameter): new = torch.nn.Parameter(new, requires_grad=rg)
-    torch.utils.swap_tensors(self, new)
+    _swap(self, new)
     self.requires_grad_(rg)
+
+# %% ../nbs/09_device_probe.ipynb #5c2e9a41
+def _poisoned(grad_outputs):
+    raise RuntimeError("backward through a graph made before its parameters moved between the CPU "
+                       "and the device: run the forward pass again after `.to(...)`")
+
+
+def _swap(t, new):
+    """`torch.utils.swap_tensors(t, new)`, also while an autograd graph holds `t` (a forward pass
+    whose output is kept), which swap_tensors refuses: that graph keeps the old values, and a
+    backward through it raises (`_poisoned`), as after swap_tensors."""
+    try: return torch.utils.swap_tensors(t, new)
+    except RuntimeError as e:
+        if "use_count" not in str(e): raise
+    if t.is_leaf and t.requires_grad:
+        torch.autograd.graph.get_gradient_edge(t).node.register_prehook(_poisoned)
+    t.__class__, new.__class__ = new.__class__, t.__class__
+    t.__dict__, new.__dict__ = new.__dict__, t.__dict__
+    torch._C._swap_tensor_impl(t, new)
+
+
+def _patch_conversion():
+    """A Parameter and a tensor on the other side of the probe are compatible for `Module._apply`,
+    which then converts in place through `_set_data` (gradients are replaced, as torch does for
+    tensors that are not compatible)."""
+    compatible = torch._has_compatible_shallow_copy_type
+    elem = lambda t: t.elem if isinstance(t, ProbeTensor) else t
+
+    @functools.wraps(compatible)
+    def has_compatible(t, other):
+        crossing = isinstance(t, ProbeTensor) != isinstance(other, ProbeTensor)
+        if crossing and isinstance(t, torch.nn.Parameter): return compatible(elem(t), elem(other))
+        return compatible(t, other)
+    torch._has_compatible_shallow_copy_type = has_compatible
 
 # %% ../nbs/09_device_probe.ipynb #27fd7ccf
 def _patch_tracers():

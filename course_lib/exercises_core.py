@@ -198,7 +198,8 @@ def _tensor_change(before, after, at: str) -> str | None:
     same = (a == b) | ((a != a) & (b != b))   # a NaN that stays NaN is unchanged
     if bool(same.all()): return None
     idx = tuple((~same).nonzero()[0].tolist())
-    return (f"`{at}`{f' at index {idx}' if idx else ''}: was {_fmt(b[idx])}, now {_fmt(a[idx])}, "
+    fmt = _fmt if _fmt(b[idx]) != _fmt(a[idx]) else (lambda v: f"{float(v):.17g}")  # tiny change
+    return (f"`{at}`{f' at index {idx}' if idx else ''}: was {fmt(b[idx])}, now {fmt(a[idx])}, "
             f"{int((~same).sum())} of {b.numel()} elements changed")
 
 

@@ -66,8 +66,8 @@ def _fid_stats(a: argparse.Namespace, s) -> dict:
     "FID statistics of one side `s` of `course fid`: a .npz, a reference name or a folder."
     if _is_npz(s): return load_statistics(s)
     # at the other side's size, so both go through one resize
-    if (name := reference_name(s)) is not None:
-        return reference_statistics(name, a.extractor, a.weights,
+    if (name := reference_name(s)) is not None:   # resolved once: passed on as 'ref:NAME'
+        return reference_statistics(f"ref:{name}", a.extractor, a.weights,
                                     size=a.size or _fid_other_size(a, s))
     f = extract_features(s, a.extractor, a.weights, size=a.size)["features"]
     mu, sigma = feature_statistics(f, str(s))

@@ -51,9 +51,10 @@ def shift_time(t, shift: float = 1.0):
 
 def dynamic_shift_time(t, mu: float, sigma: float = 1.0):
     """FLUX's shift e^mu / (e^mu + (1/t - 1)^sigma) (diffusers' `time_shift`, 'exponential'), with
-    sigma = 1 `shift_time(t, e^mu)`. `t` in (0, 1], float64 keeps diffusers' precision."""
-    return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** sigma)
-
+    sigma = 1 `shift_time(t, e^mu)`. `t` (float or tensor, dtype kept) in (0, 1], computed in
+    float64 as sigmoid(mu - sigma log(1/t - 1)): no overflow for any finite mu (e^800 overflows)."""
+    out = torch.sigmoid(mu - sigma * torch.log(1 / torch.as_tensor(t, dtype=torch.float64) - 1))
+    return out.to(t.dtype) if torch.is_tensor(t) else float(out)
 
 def flow_grid(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000,
               mu: float | None = None) -> torch.Tensor:

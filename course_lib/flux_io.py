@@ -101,9 +101,11 @@ def estimated_minutes(self) -> float:
 # %% ../nbs/79_flux_io.ipynb #6c2592e5
 @contextlib.contextmanager
 def quiet_loading():
-    "Silence diffusers' and transformers' loading bars and info messages."
+    """Silence diffusers' and transformers' loading bars and info messages. Afterwards
+    both are as they were: bars the learner turned off stay off."""
     from diffusers.utils import logging as dlog
     from transformers.utils import logging as tlog
+    bars = dlog.is_progress_bar_enabled(), tlog.is_progress_bar_enabled()
     dlog.disable_progress_bar()
     tlog.disable_progress_bar()
     level = dlog.get_verbosity(), tlog.get_verbosity()
@@ -112,8 +114,8 @@ def quiet_loading():
     try:
         yield
     finally:
-        dlog.enable_progress_bar()
-        tlog.enable_progress_bar()
+        if bars[0]: dlog.enable_progress_bar()
+        if bars[1]: tlog.enable_progress_bar()
         dlog.set_verbosity(level[0])
         tlog.set_verbosity(level[1])
 

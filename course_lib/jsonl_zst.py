@@ -120,6 +120,7 @@ class PileFormatError(ValueError):
     def __reduce__(self):   # pickled with its arguments: a worker's error reaches the parent
         return type(self), (self.path, self.line, self.reason), self.__dict__
 
+# %% ../nbs/63_jsonl_zst.ipynb #f9790716
 def _corrupt_message(offset, good_records, reason) -> str:
     at = f"compressed byte offset {offset}"
     if reason.startswith("gzip"):
@@ -129,6 +130,12 @@ def _corrupt_message(offset, good_records, reason) -> str:
         return (f"zstd content checksum mismatch in the frame that ends at {at}: the file is "
                 f"damaged, and the {good_records} records read before it may include damaged ones "
                 f"from that frame; re-download or re-create the file")
+    if "dictionary" in reason.lower():   # no _NeedsDict: the frame names no dictionary
+        return (f"zstd could not decompress the frame at {at} after {good_records} good records "
+                f"({reason}): the frame names no zstd dictionary, but the file may have been "
+                f"compressed with one that the frame does not name (zstd --no-dictID): pass it "
+                f"with --zstd-dict FILE (dict_data=FILE in Python); if it was not, the file is "
+                f"damaged: re-download or re-create the file")
     if "too much memory" in reason:
         return (f"a zstd frame at {at} asks for a window larger than the reader's cap of "
                 f"{MAX_WINDOW_SIZE >> 20} MiB (zstd --long=31), after {good_records} good records "
@@ -157,7 +164,8 @@ class ZstdDictionaryError(PileFormatError):
     def __init__(self, path, dict_id, given_id, offset):
         self.dict_id, self.given_id, self.offset = dict_id, given_id, offset
         given = ("no dictionary was given" if given_id is None else
-                 f"the dictionary given is another one (its id {given_id})")
+                 "the dictionary given is a raw-content one (no zstd dictionary header, no id)"
+                 if given_id == 0 else f"the dictionary given is another one (its id {given_id})")
         super().__init__(path, None, (
             f"the zstd frame at compressed byte offset {offset} was compressed with zstd "
             f"dictionary {dict_id} and {given}: the file is not damaged; pass the dictionary it "

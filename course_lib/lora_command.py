@@ -47,16 +47,23 @@ def parse_adapter_spec(spec: str, exists=os.path.isfile) -> tuple[str, float]:
     """`PATH` or `PATH=WEIGHT` (`course lora generate --adapter`) -> `(path, weight)`, weight 1 by
     default. A `spec` that `exists` (default: an existing file) is a path, '=' and all (sweep
     folders are named `lr=3e-3/`), and only then is it split at its last '='. Raises `ValueError`
-    naming the spec when the weight is not a finite number."""
+    naming the spec when it is a folder, or names no file and the weight is not a finite number
+    (saying first that no such file exists, and which folder of its path does)."""
     if exists(spec): return spec, 1.0
+    if os.path.isdir(spec):
+        raise ValueError(f"--adapter {spec!r}: {spec!r} is a folder, not an adapter file; give the "
+                         f".safetensors file inside it (e.g. {spec}/adapter.safetensors)")
     path, eq, w = spec.rpartition("=")
     if not eq: return spec, 1.0
     try: weight = float(w)
     except ValueError: weight = float("nan")
     if not path or not math.isfinite(weight):
-        raise ValueError(f"--adapter {spec!r}: write PATH or PATH=WEIGHT with WEIGHT a number "
-                         f"(e.g. {path or 'concept.safetensors'}=0.8), got the weight {w!r}, "
-                         f"and there is no file {spec!r}")
+        d = os.path.dirname(spec)
+        there = f" (the folder {d!r} exists: list it for the file's name)" if (
+            d and os.path.isdir(d)) else ""
+        raise ValueError(f"--adapter {spec!r}: no file {spec!r} exists{there}, and its part after "
+                         f"the last '=' ({w!r}) is not a weight; write PATH or PATH=WEIGHT with "
+                         "WEIGHT a number (e.g. PATH=0.8)")
     return path, weight
 
 # %% ../nbs/49_lora_command.ipynb #52fbbde8

@@ -14,7 +14,7 @@ import torch.nn as nn
 import course_lib
 from .core import unwrap_model
 from .lora import adapter_names
-from .weight_files import file_kind, weights_problem
+from .weight_files import file_kind, not_a_file_error, weights_problem
 
 # %% auto #0
 __all__ = ['ADAPTER_FORMAT', 'REQUIRED_METADATA', 'copy_lora_to_peft', 'base_fingerprint', 'adapter_metadata', 'foreign_layout',
@@ -149,7 +149,7 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     that is not an integer, target_modules that are not JSON), and for damaged tensor data."""
     from safetensors.torch import load_file
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no adapter file at {path}")
+    if not path.is_file(): raise not_a_file_error(path, "adapter", f"no adapter file at {path}")
     header = safetensors_header(path)
     meta = dict(header.get("__metadata__") or {})
     bad = {k: v for k, v in meta.items() if not isinstance(v, str)}

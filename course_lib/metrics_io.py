@@ -12,16 +12,17 @@ import numpy as np
 import torch
 
 from .core import OfflineError, atomic_write, cache_dir
-from .weight_files import check_weights_file
+from .weight_files import (check_weights_file, file_kind, not_a_file_error,
+                                     state_dict_problem, weights_problem)
 from .frechet import FewSamplesWarning
 from .metrics_images import as_uint8_images, reference_name
 
 # %% auto #0
 __all__ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS',
-           'METRIC_NAMES', 'FIDELITY_KEYS', 'inception_weights_path', 'resolve_extractor', 'extractor_fingerprint',
-           'check_uint8_batch', 'metric_list', 'metric_images', 'check_image_counts', 'reference_cache_args',
-           'kid_fid_settings', 'fidelity_results', 'save_statistics', 'load_statistics', 'reference_stats_path',
-           'cached_statistics']
+           'COURSE_INCEPTION_EXTRACTOR', 'METRIC_NAMES', 'FIDELITY_KEYS', 'inception_weights_path', 'CourseInceptionV3',
+           'resolve_extractor', 'extractor_fingerprint', 'check_uint8_batch', 'metric_list', 'metric_images',
+           'check_image_counts', 'reference_cache_args', 'kid_fid_settings', 'fidelity_results', 'save_statistics',
+           'load_statistics', 'reference_stats_path', 'cached_statistics']
 
 # %% ../nbs/36_metrics_io.ipynb #76403527
 DIGITS_EXTRACTOR = "course-digits"
@@ -45,7 +46,7 @@ def inception_weights_path(path: str | os.PathLike | None = None) -> Path:
     check = lambda p: check_weights_file(p, ("zip", "pickle"), "Inception-v3 weights file", fix)
     if path is not None:
         p = Path(path).expanduser()
-        if not p.is_file(): raise FileNotFoundError(f"Inception-v3 weights file {p} does not exist")
+        if not p.is_file(): raise not_a_file_error(p, "Inception-v3 weights file")
         return check(p)
     cands = []
     if os.environ.get(INCEPTION_WEIGHTS_ENV):
@@ -61,6 +62,34 @@ def inception_weights_path(path: str | os.PathLike | None = None) -> Path:
         f" fid A B --extractor digits). For standard FID, download {INCEPTION_WEIGHTS_URL} and"
         f" set {INCEPTION_WEIGHTS_ENV}=/path/to/that/file.")
 
+# %% ../nbs/36_metrics_io.ipynb #ed40caad
+from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+import torch_fidelity
+
+COURSE_INCEPTION_EXTRACTOR = "course-inception-v3"
+
+class CourseInceptionV3(FeatureExtractorInceptionV3):
+    """torch-fidelity's `FeatureExtractorInceptionV3` (registered as 'course-inception-v3'), the
+    same network and features, whose weights file of other weights (another model's state dict, a
+    dict of a few tensors) raises `ValueError` naming the file, a few of its unexpected and missing
+    keys (`weight_files.state_dict_problem`) and what to do, not `load_state_dict`'s
+    `RuntimeError` with every key name."""
+    def __init__(self, name, features_list, feature_extractor_weights_path=None, **kwargs):
+        object.__setattr__(self, "_weights_file", feature_extractor_weights_path)
+        super().__init__(name, features_list, feature_extractor_weights_path, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        why = state_dict_problem(state_dict, self.state_dict())
+        if why:
+            raise ValueError(
+                f"{self._weights_file} is not Inception-v3 weights for torch-fidelity: it {why}. "
+                f"Give the file {INCEPTION_WEIGHTS_URL} (--weights, or ${INCEPTION_WEIGHTS_ENV});"
+                " offline, use the digits extractor (course fid --extractor digits)")
+        return super().load_state_dict(state_dict, strict, assign)
+
+if COURSE_INCEPTION_EXTRACTOR not in torch_fidelity.registry.FEATURE_EXTRACTORS_REGISTRY:
+    torch_fidelity.register_feature_extractor(COURSE_INCEPTION_EXTRACTOR, CourseInceptionV3)
+
 # %% ../nbs/36_metrics_io.ipynb #532d7577
 def resolve_extractor(extractor: str, weights_path=None) -> tuple[str, dict]:
     """torch-fidelity's `(feature_extractor name, extra keyword arguments)` for `extractor`
@@ -68,7 +97,7 @@ def resolve_extractor(extractor: str, weights_path=None) -> tuple[str, dict]:
     if extractor not in EXTRACTORS:
         raise ValueError(f"extractor={extractor!r} is not one of {EXTRACTORS}")
     if extractor == "digits": return DIGITS_EXTRACTOR, {}
-    return INCEPTION_EXTRACTOR, {
+    return COURSE_INCEPTION_EXTRACTOR, {
         "feature_extractor_weights_path": str(inception_weights_path(weights_path))
     }
 
@@ -194,9 +223,11 @@ def load_statistics(path: str | os.PathLike) -> dict:
     Raises `ValueError` naming the file when it lacks `mu`/`sigma`, their shapes disagree, or the
     file is damaged (truncated, a bad checksum: also inside an array, read lazily by numpy)."""
     path = Path(path)
-    if not path.is_file(): raise ValueError(f"statistics file {path} does not exist")
+    if not path.is_file(): raise ValueError(str(not_a_file_error(path, "statistics file")))
     redo = ("delete it and compute the statistics again (course fid ... --save-stats, or "
             "reference_statistics(..., refresh=True))")
+    if file_kind(path) != "zip":          # a web page, empty, text: not numpy's pickle error
+        raise ValueError(f"{path} is not a .npz file: it {weights_problem(path, ('zip',))}; {redo}")
     try:
         with np.load(path, allow_pickle=False) as z:
             if "mu" not in z or "sigma" not in z:

@@ -11,13 +11,15 @@ from pathlib import Path
 
 from .core import atomic_write, cache_dir, forking_beside_threads, start_method
 from .cache import cache_key, cache_lock
-from .jsonl_zst import PileFormatError, ReadStats, read_jsonl_zst, write_jsonl_zst, _dumps
-from .pile_corpus import load_corpus, skipped_files_note, _folder_files, _read_text
+from .jsonl_zst import (PileFormatError, ReadStats, ZstdDictionaryError,
+                                  read_jsonl_zst, write_jsonl_zst, _dumps)
+from .pile_corpus import (load_corpus, skipped_files_note, zstd_dict_problem,
+                                    _folder_files, _read_text)
 from .pile import (MINI_PILE_SUBSETS, SPLITS, SubsetCount, composition_table,
                              count_subsets, merge_counts, split_of)
 
 # %% auto #0
-__all__ = ['format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile', 'pile_main']
+__all__ = ['DICT_EXIT', 'format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile', 'pile_main']
 
 # %% ../nbs/66_pile_command.ipynb #46b6a615
 def format_table(rows: list[dict], floats: str = ".2f") -> str:
@@ -185,15 +187,21 @@ def _stats_tasks(paths: list[str]) -> tuple[list[str], list[str]]:
         if skipped: notes.append(skipped_files_note(p, shards, skipped))
     return out, notes
 
-# %% ../nbs/66_pile_command.ipynb #9db88fcb
+# %% ../nbs/66_pile_command.ipynb #9db88fca
+DICT_EXIT = ("exit status: 0 done, 1 a damaged file (or a dead worker), 2 a bad argument, "
+             "including a .zst file that needs a zstd dictionary other than --zstd-dict's "
+             "(the file is not damaged)")
+
 def _zstd_dict_option(p) -> None:
     p.add_argument("--zstd-dict", metavar="FILE", default=None,
                    help="the zstd dictionary the .zst files were compressed with (zstd -D FILE)")
 
+# %% ../nbs/66_pile_command.ipynb #9db88fcb
 def _pile_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course pile", description="Pile-format .jsonl.zst tools")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    s = sub.add_parser("stats", help="documents and bytes per pile_set_name")
+    s = sub.add_parser("stats", help="documents and bytes per pile_set_name",
+                       epilog=DICT_EXIT)
     s.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--errors", choices=("strict", "skip"), default="strict",
@@ -233,7 +241,7 @@ def _clean_parser(sub) -> None:
                        description="Clean the Pile shards of IN (.jsonl.zst, .jsonl.gz, .jsonl, "
                        "any case) into Pile-format OUT/NNNNN.jsonl.zst, with removal logs and "
                        "counts in OUT/.clean. Run again with the same settings to resume a stopped "
-                       "run.")
+                       "run.", epilog=DICT_EXIT)
     c.add_argument("input", metavar="IN", help="a shard, or a folder of shards")
     c.add_argument("output", metavar="OUT", help="an empty or new folder (or a previous run's)")
     c.add_argument("--dedup", choices=("exact", "minhash", "none"), default="exact",
@@ -245,7 +253,8 @@ def _clean_parser(sub) -> None:
                    help="drop the documents of these pile_set_names (quote names with spaces)")
     c.add_argument("--decontaminate", metavar="SPLIT_OR_PATH",
                    help="drop documents sharing a 13-gram with: val, test or val,test (the "
-                        "mini-Pile's splits), or a file or folder of shards")
+                        "mini-Pile's splits; mini:val, mini:val,test when a file or folder here "
+                        "has the name), or a file or folder of shards (read with --zstd-dict)")
     c.add_argument("--tasks", type=int, default=1, help="tasks the input is split into (default 1)")
     c.add_argument("--workers", type=int, default=1,
                    help="tasks run at the same time, in processes (default 1)")
@@ -276,9 +285,8 @@ def _bad_stats_args(a) -> str | None:
     missing = [f for f in a.files if not Path(f).exists()]
     if missing: return f"no such file or folder: {', '.join(missing)}"
     if a.processes < 1: return f"--processes must be >= 1, got {a.processes}"
-    if a.zstd_dict is not None and not Path(a.zstd_dict).is_file():
-        return (f"--zstd-dict {a.zstd_dict}: no such file (the zstd dictionary the files were "
-                f"compressed with)")
+    note = lambda m: print(f"course pile stats: note: {m}", file=sys.stderr)
+    if a.zstd_dict is not None: return zstd_dict_problem(a.zstd_dict, note)
     return None
 
 
@@ -291,13 +299,14 @@ def _decontaminate_paths(value: str | None) -> list[str] | None:
     `mini:val` to name the split beside a file or folder `val`. `ValueError` when a bare split name
     is also a path here (naming both), `FileNotFoundError` when it is neither."""
     if value is None: return None
-    names = value.removeprefix("mini:")
-    split, here = all(n in ("val", "test") for n in names.split(",")), Path(value).exists()
-    if split and here and names == value:
+    names, bare = value.removeprefix("mini:"), not value.startswith("mini:")
+    split = all(n in ("val", "test") for n in names.split(","))
+    both = [n for n in names.split(",") if Path(n).exists()] if split and bare else []
+    if both:   # each name: val,test beside a folder test is no less ambiguous than test alone
         raise ValueError(f"--decontaminate {value} names both the file or folder "
-                         f"{Path(value).absolute()} and the mini-Pile's {value} split: write "
-                         f"./{value} for the file or folder, mini:{value} for the split")
-    if here and names == value: return [value]
+                         f"{Path(both[0]).absolute()} and the mini-Pile's {both[0]} split: write "
+                         f"./{both[0]} for the file or folder, mini:{value} for the split(s)")
+    if bare and Path(value).exists(): return [value]
     if not split:
         raise FileNotFoundError(f"--decontaminate {value}: no such file or folder, and not "
                                 f"val, test or val,test (mini:val for the split beside a "
@@ -318,14 +327,18 @@ def _clean(a) -> int:
     filters = [f for f in a.filters if f != "none"]
     kw = dict(dedup=a.dedup, filters=filters, drop_subsets=a.drop_subsets, errors=a.errors,
               tasks=a.tasks, zstd_dict=a.zstd_dict)
+    note = lambda m: say(f"note: {m}", 0)
+    if a.zstd_dict is not None and (bad := zstd_dict_problem(a.zstd_dict, note)):
+        return say(bad, 2)
     try:
         kw["decontaminate"] = _decontaminate_paths(a.decontaminate)
         pp.check_clean_args(a.input, a.output, workers=a.workers, **kw)
-    except (ValueError, FileNotFoundError) as e: return say(e, 2)
+    except (ValueError, OSError) as e: return say(e, 2)   # ZstdDictionaryError too
     n = len(pp._reader(a.input, a.errors, Path(a.output)).files())
     if a.tasks > n: say(f"note: {a.tasks} tasks for {n} shard(s): a task reads whole shards, so "
                         f"{a.tasks - n} task(s) will have nothing to read", 0)
     try: rep = pp.run_clean(a.input, a.output, workers=a.workers, **kw)
+    except ZstdDictionaryError as e: return say(e, 2)   # a later frame: not damaged either
     except (PileFormatError, OSError, RuntimeError) as e: return say(e, 1)
     print(format_table(rep.table()))
     print(f"kept {rep.documents_kept} of {rep.documents_in} documents "
@@ -337,7 +350,8 @@ def _clean(a) -> int:
 
 # %% ../nbs/66_pile_command.ipynb #d97be37e
 def _stats(a) -> int:
-    "`course pile stats`: exit 2 for a bad argument, 1 for a damaged file or a dead worker."
+    """`course pile stats`: exit 2 for a bad argument (a .zst file that needs another zstd
+    dictionary too), 1 for a damaged file or a dead worker."""
     from concurrent.futures.process import BrokenProcessPool
     if bad := _bad_stats_args(a):
         print(f"course pile stats: {bad}", file=sys.stderr)
@@ -345,6 +359,9 @@ def _stats(a) -> int:
     tasks, notes = _stats_tasks(a.files)
     for note in notes: print(f"course pile stats: {note}", file=sys.stderr)
     try: parts = _stats_parts(tasks, a.errors, a.processes, a.zstd_dict)
+    except ZstdDictionaryError as e:   # not damaged: --zstd-dict is missing or another one
+        print(f"course pile stats: {e}", file=sys.stderr)
+        return 2
     except (PileFormatError, ValueError, FileNotFoundError) as e:
         print(f"course pile stats: {e}", file=sys.stderr)
         return 1
@@ -361,6 +378,7 @@ def _stats(a) -> int:
         if skipped: print(_skipped_note(skipped))
     return 0
 
+# %% ../nbs/66_pile_command.ipynb #d97be37f
 def pile_main(argv: list[str]) -> int:
     """`course pile stats FILE... [--json] [--errors skip] [--processes N] [--zstd-dict FILE]` |
     `course pile build-mini OUT [--max-mb N]` | `course pile clean IN OUT [options]` (`--help`).

@@ -11,13 +11,13 @@ from pathlib import Path
 import zstandard
 
 from .zstd_stream import (
-    _Corrupt, _dctx, _zstd_chunks, as_zstd_dict, first_frame_dict_id)
+    _Corrupt, _dctx, _frame_error, _zstd_chunks, as_zstd_dict, first_frame_dict_id)
 from course_lib.jsonl_zst import (
     PileFormatError, ReadStats, ZstdDictionaryError, read_jsonl_zst, _BOM, _loads, _not_a_record,
     _stream_error)
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict', 'skipped_files_note', 'load_corpus']
+__all__ = ['TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict', 'skipped_files_note', 'zstd_dict_problem', 'load_corpus']
 
 # %% ../nbs/65_pile_corpus.ipynb #c18f2999
 def _read_text(p: Path) -> str | None:
@@ -90,14 +90,21 @@ def _folder_files(path: Path) -> tuple[list[Path], list[Path], list[Path]]:
 def check_zstd_dict(paths, dict_data=None) -> None:
     """Before a long read: `ZstdDictionaryError` for the first `.zst` file of `paths` (files, or
     folders: their shards) whose first frame names a zstd dictionary other than `dict_data`
-    (`as_zstd_dict`, None: none). Reads 10 bytes a file, later frames are checked as they are
-    read. Raises `FileNotFoundError` for a missing dictionary file."""
+    (`as_zstd_dict`, None: none), `CorruptStreamError` for one whose first bytes do not
+    decompress with it (a frame that does not name its dictionary: `zstd --no-dictID`). Reads the
+    first block of each file, later frames are checked as they are read. Raises as
+    `as_zstd_dict` for a dictionary file that is missing or no dictionary."""
     zd = as_zstd_dict(dict_data)
     have = None if zd is None else zd.dict_id()
     for p in map(Path, paths):
         for f in _folder_files(p)[0] if p.is_dir() else [p]:
-            need = first_frame_dict_id(f) if f.name.lower().endswith(".zst") else None
+            if not f.name.lower().endswith(".zst"): continue
+            need = first_frame_dict_id(f)
             if need and need != have: raise ZstdDictionaryError(f, need, have, 0)
+            with open(f, "rb") as fh:
+                try: _dctx(zd).stream_reader(fh).read(1)
+                except zstandard.ZstdError as e:
+                    raise _stream_error(f, _frame_error(fh, 0, zd, 0, str(e)), 0) from None
 
 def skipped_files_note(path: Path, shards: list, skipped: list[Path]) -> str:
     "What `load_corpus` (and `course pile stats`) say about the files of a folder they do not read."
@@ -106,6 +113,18 @@ def skipped_files_note(path: Path, shards: list, skipped: list[Path]) -> str:
     names = [p.relative_to(path).as_posix() for p in skipped[:5]]
     more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
     return f"{path}: skipped {len(skipped)} file(s) that are not {kind}: {', '.join(names)}{more}"
+
+# %% ../nbs/65_pile_corpus.ipynb #2b1627ff
+def zstd_dict_problem(dict_data, note=print) -> str | None:
+    """What is wrong with the zstd dictionary `dict_data` (`as_zstd_dict`: a missing file, a
+    folder, an empty file, a web page, a damaged dictionary), in one line, or None. What loading
+    it warns (a raw-content dictionary) goes to `note`, for a command to print."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try: as_zstd_dict(dict_data)
+        except (OSError, ValueError) as e: return str(e)
+    for w in caught: note(str(w.message))
+    return None
 
 # %% ../nbs/65_pile_corpus.ipynb #7d4866fc
 def _text_file_records(path: Path, files: list[Path], errors: str,

@@ -189,32 +189,36 @@ class GopherRulesFilter(BaseFilter):
 # %% ../nbs/69a_pile_pipeline.ipynb #aef582c1
 _DECONTAMINATORS: dict = {}   # one a process: (paths or texts, n) -> Decontaminator
 
-def eval_texts(paths: Iterable, errors: str = "strict") -> Iterator[str]:
-    "The texts of Pile-format files, or of the shards of folders, in `paths`."
+def eval_texts(paths: Iterable, errors: str = "strict", dict_data=None) -> Iterator[str]:
+    """The texts of Pile-format files, or of the shards of folders, in `paths` (`.zst` files
+    compressed with the zstd dictionary `dict_data` if given, see `read_jsonl_zst`)."""
     for p in map(Path, paths):
         files = sorted(q for q in p.rglob("*") if q.is_file()
                        and is_pile_shard(q.relative_to(p).as_posix())) if p.is_dir() else [p]
         for f in files:
-            for rec in read_jsonl_zst(f, errors): yield rec["text"]
+            for rec in read_jsonl_zst(f, errors, dict_data=dict_data): yield rec["text"]
 
 class DecontaminationFilter(BaseFilter):
     """Drop documents that share an `n`-gram with the evaluation text (`pile_clean.Decontaminator`):
-    `eval_paths` (Pile-format files or folders) or `texts`."""
+    `eval_paths` (Pile-format files or folders, with the zstd dictionary `dict_data`) or
+    `texts`."""
     name = "🧪 decontamination"
 
-    def __init__(self, eval_paths=None, texts=None, n: int = 13, exclusion_writer=None):
+    def __init__(self, eval_paths=None, texts=None, n: int = 13, exclusion_writer=None,
+                 dict_data=None):
         super().__init__(exclusion_writer)
         if (eval_paths is None) == (texts is None):
             raise ValueError("give one of eval_paths or texts")
         if isinstance(eval_paths, (str, Path)): eval_paths = [eval_paths]
         self.eval_paths = None if eval_paths is None else tuple(str(p) for p in eval_paths)
         self.texts = None if texts is None else tuple(texts)
-        self.n = n
+        self.n, self.dict_data = n, dict_data
 
     def decontaminator(self):
         key = (self.eval_paths, None if self.eval_paths else hash(self.texts), self.n)
         if key not in _DECONTAMINATORS:
-            texts = self.texts if self.texts is not None else eval_texts(self.eval_paths)
+            texts = self.texts if self.texts is not None else eval_texts(
+                self.eval_paths, dict_data=self.dict_data)
             _DECONTAMINATORS[key] = Decontaminator(list(texts), n=self.n)
         return _DECONTAMINATORS[key]
 
@@ -366,7 +370,7 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
     `drop_subsets`, apply `filters` ('gopher'), drop what shares 13-grams with `decontaminate`
     (Pile-format files or folders), deduplicate (`dedup`: 'exact', 'minhash' or None) and write
     `output/{rank:05d}.jsonl.zst`. Counts and removal logs go to `work_dir` (`output/.clean`).
-    `zstd_dict`: the zstd dictionary of the input shards (a path or bytes)."""
+    `zstd_dict`: the zstd dictionary of the shards of `input` and `decontaminate`."""
     out = Path(output)
     work = Path(work_dir) if work_dir else out/".clean"
     removed = lambda step: RemovalWriter(work/"removed"/step, step)
@@ -374,7 +378,7 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
     if drop_subsets: steps.append(SubsetFilter(drop_subsets, removed("subset")))
     if "gopher" in filters: steps.append(GopherRulesFilter(removed("gopher")))
     if decontaminate is not None:
-        steps.append(DecontaminationFilter(decontaminate,
+        steps.append(DecontaminationFilter(decontaminate, dict_data=zstd_dict,
                                            exclusion_writer=removed("decontaminate")))
     final = PileWriter(out, counts_folder=work/"counts/out")
     if dedup in (None, "none"): return [Stage("clean", steps + [final])]
@@ -482,7 +486,6 @@ def check_clean_args(input, output, dedup="exact", filters=("gopher",), drop_sub
     if not p.exists(): raise FileNotFoundError(f"no such file or folder: {input}")
     if not _has_shards(p):
         raise ValueError(f"{input}: no Pile shards ({', '.join(SHARD_SUFFIXES)}) in it")
-    check_zstd_dict([p], zstd_dict)   # a shard whose first frame needs another zstd dictionary
     for name, v in (("tasks", tasks), ("workers", workers)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -500,6 +503,7 @@ def check_clean_args(input, output, dedup="exact", filters=("gopher",), drop_sub
     decon = [decontaminate] if isinstance(decontaminate, (str, Path)) else decontaminate or []
     if missing := [str(d) for d in decon if not Path(d).exists()]:
         raise FileNotFoundError(f"no such file or folder to decontaminate against: {missing[0]}")
+    check_zstd_dict([p, *decon], zstd_dict)   # a shard whose start needs another zstd dictionary
     settings = clean_settings(input, dedup, filters, drop_subsets, decontaminate, errors, tasks)
     if out.exists() and not out.is_dir(): raise ValueError(f"{output} is a file, not a folder")
     saved = out/".clean"/"settings.json"

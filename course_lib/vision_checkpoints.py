@@ -13,7 +13,7 @@ import timm
 from .core import save_checkpoint
 from .vision_checks import check_model_name, model_in_chans, model_fixed_size
 from .vision_registry import model_data_config, record_input_size
-from .weight_files import why_unreadable
+from .weight_files import not_a_file_error, why_unreadable
 
 
 # %% auto #0
@@ -48,6 +48,7 @@ def checkpoint_info(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]]
     safetensors file: `weight_files.weights_problem`)."""
     from safetensors import safe_open
     path = Path(path)
+    if path.is_dir(): raise not_a_file_error(path, "checkpoint")   # "... is a folder, not a file"
     if not path.is_file(): raise FileNotFoundError(f"no checkpoint at {path}")
     try:
         with safe_open(str(path), framework="pt") as f:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['WEIGHT_FORMATS', 'WEIGHT_SUFFIXES', 'file_kind', 'weights_problem', 'check_weights_file', 'why_unreadable',
-           'folder_problem', 'check_weights_folder']
+           'not_a_file_error', 'state_dict_problem', 'folder_problem', 'check_weights_folder']
 
 # %% ../nbs/07a_weight_files.ipynb #ac0ba0c3
 WEIGHT_FORMATS = ("safetensors", "zip", "pickle")
@@ -74,7 +74,7 @@ def weights_problem(path: str | os.PathLike, formats=WEIGHT_FORMATS) -> str | No
     like one. Reads the first 512 bytes, a safetensors file's header (its length and the tensors'
     offsets against the file's size) and a zip archive's end record, and loads no tensor."""
     path = Path(path)
-    if not path.is_file(): return "does not exist" + (" (it is a folder)" if path.is_dir() else "")
+    if not path.is_file(): return "is a folder, not a file" if path.is_dir() else "does not exist"
     size, kind = path.stat().st_size, file_kind(path)
     if kind not in formats:
         if kind == "empty": return "is empty (0 bytes)"
@@ -89,6 +89,11 @@ def weights_problem(path: str | os.PathLike, formats=WEIGHT_FORMATS) -> str | No
     if kind == "zip" and not zipfile.is_zipfile(path):
         return (f"is a zip archive cut short: {size} bytes without the archive's end record (a "
                 "copy or download that stopped early?)")
+    if kind == "zip":
+        with zipfile.ZipFile(path) as z: names = z.namelist()
+        if not any(n.split("/")[-1] == "data.pkl" for n in names):   # torch.save's index
+            return (f"is a zip archive, but not one torch.save wrote (no data.pkl inside, it holds"
+                    f" {', '.join(map(repr, names[:3])) or 'nothing'}{', ...' * (len(names) > 3)})")
     return None
 
 # %% ../nbs/07a_weight_files.ipynb #d024cebf
@@ -101,9 +106,7 @@ def check_weights_file(path: str | os.PathLike, formats=WEIGHT_FORMATS, what: st
     instead (`weights_problem`: empty, an HTML page, text, a Git LFS pointer, with its size, or how
     it is cut short) and `fix`."""
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"{what} {p} does not exist" + (" (it is a folder)" if p.is_dir()
-                                                                else ""))
+    if not p.is_file(): raise not_a_file_error(p, what)
     why = weights_problem(p, formats)
     if why: raise ValueError(f"{p} is not a usable {what}: it {why}. {fix[:1].upper()}{fix[1:]}")
     return p
@@ -115,6 +118,38 @@ def why_unreadable(path: str | os.PathLike, error: BaseException,
     ("SafetensorError: ...")."""
     why = weights_problem(path, formats)
     return f"it {why}" if why else f"{type(error).__name__}: {error}"
+
+# %% ../nbs/07a_weight_files.ipynb #3cf1dc86
+def not_a_file_error(path: str | os.PathLike, what: str = "file",
+                     missing: str | None = None) -> FileNotFoundError:
+    """The `FileNotFoundError` for a `path` that is no file, to raise: '`what` PATH is a folder, not
+    a file' with the first names inside it and what to do, or `missing` (default '`what` PATH does
+    not exist')."""
+    p = Path(path)
+    if not p.is_dir(): return FileNotFoundError(missing or f"{what} {p} does not exist")
+    names = sorted(f.name for f in p.iterdir() if not f.name.startswith("."))
+    inside = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "") if names else "nothing"
+    return FileNotFoundError(f"{what} {p} is a folder, not a file (it holds {inside}): give the "
+                             "file's path, not its folder's")
+
+def state_dict_problem(state, expected: dict) -> str | None:
+    """What keeps `state` (what `torch.load` returned) from loading into a model whose
+    `state_dict()` is `expected` (`{name: tensor}`), as the rest of a sentence that starts with
+    the file ("holds a list, not a state dict", "has 1 unexpected key ('w') and 484 missing keys
+    ('Conv2d_1a_3x3.conv.weight', ...)", "has 2 tensors of the wrong shape (...)"), or None. At
+    most 3 names of each, never the thousands of characters of `load_state_dict`'s error."""
+    if not isinstance(state, dict): return f"holds a {type(state).__name__}, not a state dict"
+    show = lambda ks: ", ".join(map(repr, ks[:3])) + (", ..." if len(ks) > 3 else "")
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    parts = [f"{len(ks)} {what} key{'s' * (len(ks) != 1)}{of} ({show(ks)})"
+             for what, ks, of in (("unexpected", extra, ""),
+                                  ("missing", missing, f" of the {len(expected)} expected")) if ks]
+    if parts: return "has " + " and ".join(parts)
+    bad = [f"{k} {tuple(getattr(state[k], 'shape', ()))} for {tuple(v.shape)}"
+           for k, v in expected.items() if getattr(state[k], "shape", None) != v.shape]
+    if bad: return f"has {len(bad)} tensor(s) of the wrong shape ({show(bad)})"
+    return None
 
 # %% ../nbs/07a_weight_files.ipynb #7ff01464
 WEIGHT_SUFFIXES = {".safetensors": ("safetensors",), ".bin": ("zip", "pickle"),

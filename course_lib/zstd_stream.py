@@ -4,11 +4,13 @@
 
 # %% ../nbs/64_zstd_stream.ipynb #ef7075a3
 from __future__ import annotations
-import os, queue, threading
+import os, queue, threading, warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import zstandard
+
+from .weight_files import file_kind
 
 MAX_WINDOW_SIZE = 1 << 31   # the largest zstd window read: `zstd --long=31`, zstd's own maximum
 
@@ -95,6 +97,45 @@ def _walk_header(w: _FrameWalker, h: bytes) -> None:
         w.skip = int.from_bytes(h, "little")
         w.state, w.need = "magic", 4
 
+# %% ../nbs/64_zstd_stream.ipynb #c47a0012
+_DICT_MAGIC = bytes.fromhex("37a430ec")   # 0xEC30A437 little-endian: a zstd dictionary (RFC 8878)
+_EMPTY_FRAME = zstandard.ZstdCompressor().compress(b"")   # decompressing it loads a dictionary
+_RAW_WARNED: set = set()   # the raw-content dictionaries this process has warned about
+
+def _dict_file_bytes(p: Path) -> bytes:
+    "The bytes of the dictionary file `p`; an error naming it when it is none (`as_zstd_dict`)."
+    use = "the dictionary the files were compressed with, e.g. zstd --train's -o FILE"
+    if p.is_dir(): raise IsADirectoryError(f"zstd dictionary file {p} is a folder: give {use}")
+    if not p.is_file(): raise FileNotFoundError(f"no such zstd dictionary file: {p} ({use})")
+    kind = file_kind(p)
+    if kind in ("html", "xml"):
+        raise ValueError(f"zstd dictionary file {p} is an {kind.upper()} page, not a dictionary "
+                         f"(a download that fetched a web page?): download {use}")
+    if kind == "lfs":
+        raise ValueError(f"zstd dictionary file {p} is a Git LFS pointer, not a dictionary: "
+                         f"fetch it with git lfs pull")
+    return p.read_bytes()
+
+def _checked_dict(data: bytes, name: str) -> zstandard.ZstdCompressionDict:
+    """`data` as a dictionary: refused when empty or damaged (with `_DICT_MAGIC` but not loadable),
+    a raw-content one (warned once) without the magic."""
+    if not data:
+        raise ValueError(f"{name} is empty (0 bytes), not a zstd dictionary: give the file "
+                         f"zstd --train -o FILE wrote (a copy that stopped early?)")
+    zd = zstandard.ZstdCompressionDict(data)
+    if data[:4] == _DICT_MAGIC:
+        try: _dctx(zd).decompress(_EMPTY_FRAME)
+        except zstandard.ZstdError as e:
+            raise ValueError(f"{name} starts as a zstd dictionary but is damaged ({e}): copy or "
+                             f"train it again") from None
+    elif hash(data) not in _RAW_WARNED:
+        _RAW_WARNED.add(hash(data))
+        warnings.warn(f"{name} has no zstd dictionary header (magic 37 A4 30 EC): it is read "
+                      f"as a raw-content dictionary, which has no id, so it cannot match a frame "
+                      f"that names the dictionary it needs", stacklevel=3)
+    return zd
+
+
 # %% ../nbs/64_zstd_stream.ipynb #c47a0002
 _DICT_HEADER = 10   # magic 4, Frame_Header_Descriptor 1, Window_Descriptor 1, Dictionary_ID 4
 
@@ -115,17 +156,18 @@ def first_frame_dict_id(path: str | os.PathLike) -> int | None:
 
 def as_zstd_dict(dict_data) -> zstandard.ZstdCompressionDict | None:
     """`dict_data` as a zstandard dictionary: None (none), a `zstandard.ZstdCompressionDict`, the
-    bytes of a dictionary (what `zstd --train -o FILE` writes, `ZstdCompressionDict.as_bytes()`;
-    other bytes are a raw-content dictionary) or the path of a dictionary file. Raises
-    `FileNotFoundError` naming a missing file, `TypeError` for another type."""
+    bytes of a dictionary (what `zstd --train -o FILE` writes, `ZstdCompressionDict.as_bytes()`)
+    or the path of a dictionary file. Bytes without the dictionary magic (`_DICT_MAGIC`) are a
+    raw-content dictionary, as zstd takes them: a `UserWarning` says so once a process, as it has
+    no id to match a frame's. Raises `FileNotFoundError` naming a missing file,
+    `IsADirectoryError` for a folder, `ValueError` for empty bytes, a web page, a Git LFS
+    pointer or a damaged dictionary, `TypeError` for another type."""
     if dict_data is None or isinstance(dict_data, zstandard.ZstdCompressionDict): return dict_data
+    name = "the zstd dictionary bytes"
     if isinstance(dict_data, (str, os.PathLike)):
-        if not Path(dict_data).is_file():
-            raise FileNotFoundError(f"no such zstd dictionary file: {dict_data} (the dictionary "
-                                    f"the files were compressed with, e.g. zstd --train's -o FILE)")
-        dict_data = Path(dict_data).read_bytes()
+        dict_data, name = _dict_file_bytes(Path(dict_data)), f"zstd dictionary file {dict_data}"
     if isinstance(dict_data, (bytes, bytearray, memoryview)):
-        return zstandard.ZstdCompressionDict(bytes(dict_data))
+        return _checked_dict(bytes(dict_data), name)
     raise TypeError(f"a zstd dictionary is a file path, bytes or a zstandard.ZstdCompressionDict, "
                     f"got {type(dict_data).__name__}")
 

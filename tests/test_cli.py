@@ -83,6 +83,56 @@ def test_doctor_tells_emulated_bf16_and_old_ipywidgets():
     for ok in ("7.7.1", "8.1.5", "not installed"): assert version_warnings({"ipywidgets": ok}) == [], ok
 
 
+
+def _bad_paths(tmp: Path) -> dict:
+    "Each path variable set to the wrong kind of thing: a file for a folder, a folder for a file, nothing."
+    a_file = tmp / "a_file"; a_file.write_text("x")
+    (tmp / "a_folder").mkdir()
+    return {"COURSE_LIB_HOME": str(a_file), "COURSE_LIB_ARTIFACTS": str(a_file / "sub"),
+            "COURSE_LIB_RESULTS": str(tmp / "a_folder"), "COURSE_LIB_PROBE_LOG": str(a_file / "log.json"),
+            "COURSE_LIB_INCEPTION_WEIGHTS": str(tmp / "missing.pth"), "COURSE_LIB_ROOT": str(tmp / "a_folder"),
+            "COURSE_LIB_CHROMIUM": str(a_file)}
+
+
+def test_doctor_warns_about_the_paths_the_course_uses(tmp_path):
+    """COURSE_LIB_HOME naming a file (every loader then fails with CacheNotWritable) and the other path variables
+    set to the wrong kind of thing: doctor warns about each, naming the variable, the path, what is wrong and what
+    to do, one warning a line (exit 0, as for its other warnings)."""
+    bad = _bad_paths(tmp_path)
+    r = course("doctor", env=dict(os.environ, **bad))
+    assert r.returncode == 0, r.stderr
+    warnings = [ln.strip() for ln in r.stdout.split("warnings", 1)[1].split("cache_dir")[0].splitlines()]
+    for var, path in bad.items():
+        hit = [w for w in warnings if w.startswith(f"{var}={path}:")]
+        assert len(hit) == 1 and f"Set {var} to" in hit[0], (var, r.stdout)
+    said = {w.split("=", 1)[0]: w for w in warnings if w}
+    assert "is a file, not a folder" in said["COURSE_LIB_HOME"] and "CacheNotWritable" in said["COURSE_LIB_HOME"]
+    assert f"{tmp_path / 'a_file'} is a file, not a folder" in said["COURSE_LIB_ARTIFACTS"]
+    assert "is a folder, not a file" in said["COURSE_LIB_RESULTS"]
+    assert "does not exist" in said["COURSE_LIB_INCEPTION_WEIGHTS"]
+    assert "no units/ and nbs/" in said["COURSE_LIB_ROOT"] and "not executable" in said["COURSE_LIB_CHROMIUM"]
+
+
+def test_path_problems_none_when_the_paths_are_right(tmp_path):
+    "Right paths (existing or creatable where the course writes) give no warning; XDG_CACHE_HOME is checked too."
+    from course_lib.cache import path_problems
+    exe = tmp_path / "chromium"; exe.write_text("#!/bin/sh\n"); exe.chmod(0o755)
+    (tmp_path / "w.pth").write_bytes(b"PK")
+    good = {"COURSE_LIB_HOME": str(tmp_path / "new" / "cache"), "COURSE_LIB_ARTIFACTS": str(tmp_path),
+            "COURSE_LIB_RESULTS": str(tmp_path / "r" / "results.json"), "COURSE_LIB_PROBE_LOG": str(tmp_path / "p.json"),
+            "COURSE_LIB_INCEPTION_WEIGHTS": str(tmp_path / "w.pth"), "COURSE_LIB_ROOT": str(ROOT),
+            "COURSE_LIB_CHROMIUM": str(exe)}
+    before = sorted(tmp_path.rglob("*"))
+    assert path_problems(good) == []
+    assert sorted(tmp_path.rglob("*")) == before, "the check leaves nothing behind (it creates no folder)"
+    (tmp_path / "xdg").write_text("a file")
+    said = path_problems({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert len(said) == 1 and said[0].startswith(f"XDG_CACHE_HOME={tmp_path / 'xdg'}:") and "a file" in said[0]
+    if os.geteuid() != 0:          # root writes anywhere: a read-only folder is only checked as a user
+        ro = tmp_path / "ro"; ro.mkdir(); ro.chmod(0o555)
+        assert "not writable" in path_problems({"COURSE_LIB_HOME": str(ro)})[0]
+
+
 def test_run_writes_results_and_injects_profile(tmp_path):
     proj = make_project(tmp_path / "proj", ["x = steps * 2\nassert x == 6, x"])
     env = dict(os.environ, COURSE_LIB_ROOT=str(proj))

@@ -185,3 +185,17 @@ def test_exercise_checkers():
     def stub(x):
         raise NotImplementedError
     assert not check_digit_slant(stub).done
+
+
+def test_quiet_loading_leaves_the_progress_bars_as_it_found_them():
+    "A learner who turned the loading bars off keeps them off after a course loader (they were turned back on)."
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+    from course_lib.flux_io import quiet_loading
+    try:
+        for on in (False, True):
+            for log in (dlog, tlog): log.enable_progress_bar() if on else log.disable_progress_bar()
+            with quiet_loading(): assert not dlog.is_progress_bar_enabled() and not tlog.is_progress_bar_enabled()
+            assert dlog.is_progress_bar_enabled() is on and tlog.is_progress_bar_enabled() is on, on
+    finally:
+        dlog.enable_progress_bar(); tlog.enable_progress_bar()

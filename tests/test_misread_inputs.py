@@ -68,10 +68,10 @@ def run_pile(argv):
 
 def test_course_pile_stats_takes_a_zstd_dictionary(zdict, tmp_path):
     d, dict_file, did, shard = zdict
-    rc, out, err = run_pile(["stats", shard])
-    assert rc == 1 and f"zstd dictionary {did}" in err and "--zstd-dict" in err
+    rc, out, err = run_pile(["stats", shard])   # a usage error (2), the file is not damaged
+    assert rc == 2 and f"zstd dictionary {did}" in err and "--zstd-dict" in err
     rc, out, err = run_pile(["stats", shard, shard, "--processes", "2", "--json"])
-    assert rc == 1 and f"zstd dictionary {did}" in err
+    assert rc == 2 and f"zstd dictionary {did}" in err
     rc, out, err = run_pile(["stats", shard, shard, "--zstd-dict", dict_file, "--processes", "2",
                              "--json"])
     assert rc == 0, err
@@ -88,7 +88,7 @@ def test_course_bpb_takes_a_zstd_dictionary(zdict, tmp_path, capsys):
     d, dict_file, did, shard = zdict
     rc = bpb_main(["--model", str(m), str(shard), "--max-docs", "4"])
     err = capsys.readouterr().err
-    assert rc == 1 and f"zstd dictionary {did}" in err and "--zstd-dict" in err
+    assert rc == 2 and f"zstd dictionary {did}" in err and "--zstd-dict" in err
     rc = bpb_main(["--model", str(m), str(shard), "--max-docs", "4", "--zstd-dict",
                    str(dict_file), "--json"])
     out, err = capsys.readouterr()
@@ -108,7 +108,7 @@ def test_course_pile_clean_takes_a_zstd_dictionary(zdict, tmp_path):
     src.mkdir()
     (src/"shard.jsonl.zst").write_bytes(shard.read_bytes())
     rc, out, err = run_pile(["clean", src, tmp_path/"out0", "--dedup", "none", "--filters", "none"])
-    assert rc in (1, 2) and f"zstd dictionary {did}" in err and "--zstd-dict" in err
+    assert rc == 2 and f"zstd dictionary {did}" in err and "--zstd-dict" in err
     rc, out, err = run_pile(["clean", src, tmp_path/"out", "--dedup", "none", "--filters", "none",
                              "--zstd-dict", dict_file])
     assert rc == 0, err
@@ -122,7 +122,7 @@ def test_an_adapter_path_with_an_equals_sign_is_a_path(tmp_path, monkeypatch):
     (tmp_path/"lr=3e-3"/"a.safetensors").write_bytes(b"")
     assert parse_adapter_spec("lr=3e-3/a.safetensors") == ("lr=3e-3/a.safetensors", 1.0)
     assert parse_adapter_spec("lr=3e-3/a.safetensors=0.5") == ("lr=3e-3/a.safetensors", 0.5)
-    with pytest.raises(ValueError, match=r"PATH=WEIGHT.*no file 'lr=1e-4/a\.safetensors'"):
+    with pytest.raises(ValueError, match=r"no file 'lr=1e-4/a\.safetensors' exists.*PATH=WEIGHT"):
         parse_adapter_spec("lr=1e-4/a.safetensors")
 
 
@@ -165,3 +165,133 @@ def test_decontaminate_refuses_a_folder_named_like_a_split(tmp_path, monkeypatch
     rc, out, err = run_pile(["clean", src, tmp_path/"out", "--decontaminate", "val"])
     assert rc == 2 and "./val" in err and "mini:val" in err
     assert not (tmp_path/"out").exists()
+
+
+# Issue 47, the new-user trial's remaining faults: the decontamination set with the dictionary, a
+# file that is no dictionary, a frame that does not name its dictionary, exit 2 for a dictionary,
+# and each name of --decontaminate val,test.
+
+def test_clean_reads_the_decontamination_set_with_the_dictionary(zdict, tmp_path):
+    pytest.importorskip("datatrove")
+    from course_lib.jsonl_zst import write_jsonl_zst
+    d, dict_file, did, shard = zdict
+    src, plain = tmp_path/"in", tmp_path/"plain"
+    src.mkdir(), plain.mkdir()
+    (src/"shard.jsonl.zst").write_bytes(shard.read_bytes())
+    write_jsonl_zst(plain/"a.jsonl.zst", RECORDS[:20])
+    decon = tmp_path/"decon.jsonl.zst"
+    decon.write_bytes(shard.read_bytes())
+    rc, out, err = run_pile(["clean", plain, tmp_path/"out0", "--dedup", "none", "--filters",
+                             "none", "--decontaminate", decon])
+    assert rc == 2 and "decon.jsonl.zst" in err and "--zstd-dict" in err, err
+    assert not (tmp_path/"out0").exists()            # refused before anything is written
+    rc, out, err = run_pile(["clean", src, tmp_path/"out", "--dedup", "none", "--filters", "none",
+                             "--zstd-dict", dict_file, "--decontaminate", decon])
+    assert rc == 0, err
+    assert f"kept 0 of {len(RECORDS)} documents" in out   # the same text: all contaminated
+
+
+def test_a_file_that_is_no_zstd_dictionary_is_refused(zdict, tmp_path):
+    from course_lib.zstd_stream import as_zstd_dict
+    d, dict_file, did, shard = zdict
+    (tmp_path/"empty.dict").write_bytes(b"")
+    (tmp_path/"page.dict").write_text("<!DOCTYPE html><html><body>Not found</body></html>")
+    (tmp_path/"cut.dict").write_bytes(dict_file.read_bytes()[:20])
+    (tmp_path/"folder.dict").mkdir()
+    for name, words in (("empty", "empty"), ("page", "HTML"), ("cut", "damaged")):
+        with pytest.raises(ValueError, match=rf"{name}\.dict.*{words}"):
+            as_zstd_dict(tmp_path/f"{name}.dict")
+    with pytest.raises(ValueError, match="empty"): as_zstd_dict(b"")
+    with pytest.raises(OSError, match=r"folder\.dict is a folder"):
+        as_zstd_dict(tmp_path/"folder.dict")
+    for name, words in (("empty", "empty"), ("page", "HTML"), ("folder", "is a folder")):
+        rc, out, err = run_pile(["stats", shard, "--zstd-dict", tmp_path/f"{name}.dict"])
+        assert rc == 2 and f"{name}.dict" in err and words in err, err
+    (tmp_path/"raw.dict").write_text("some sample text " * 20)
+    with pytest.warns(UserWarning, match="raw-content"): as_zstd_dict(tmp_path/"raw.dict")
+    rc, out, err = run_pile(["stats", shard, "--zstd-dict", tmp_path/"raw.dict"])
+    assert rc == 2 and "raw-content" in err and "id 0" not in err, err
+
+
+def test_a_frame_that_does_not_name_its_dictionary_says_so(zdict, tmp_path):
+    d, dict_file, did, shard = zdict
+    zd = zstandard.ZstdCompressionDict(dict_file.read_bytes())
+    lines = b"".join((json.dumps(r) + "\n").encode() for r in RECORDS)
+    f = tmp_path/"nodictid.jsonl.zst"
+    f.write_bytes(zstandard.ZstdCompressor(dict_data=zd, write_dict_id=False).compress(lines))
+    with pytest.raises(PileFormatError) as e: list(read_jsonl_zst(f))
+    msg = str(e.value)
+    assert "does not name" in msg and "--zstd-dict" in msg and "dict_data" in msg, msg
+    assert msg.index("--zstd-dict") < msg.index("re-download"), msg
+    assert len(list(read_jsonl_zst(f, dict_data=dict_file))) == len(RECORDS)
+
+
+def test_a_needed_dictionary_is_a_usage_error(zdict, tmp_path, capsys):
+    d, dict_file, did, shard = zdict
+    other = tmp_path/"other.dict"
+    other.write_bytes(zstandard.train_dictionary(2048, [f"other text {i} lorem ipsum".encode() * 3
+                                                        for i in range(400)]).as_bytes())
+    for extra in ([], ["--zstd-dict", other]):
+        rc, out, err = run_pile(["stats", shard, *extra])
+        assert rc == 2 and f"zstd dictionary {did}" in err, err
+    rc, out, err = run_pile(["stats", "--help"])
+    assert rc == 0 and "exit status" in out and "zstd dictionary" in out
+    if pytest.importorskip("datatrove"):
+        rc, out, err = run_pile(["clean", d, tmp_path/"out", "--zstd-dict", other])
+        assert rc == 2 and f"zstd dictionary {did}" in err, err
+        assert not (tmp_path/"out").exists()
+
+
+def test_decontaminate_refuses_each_split_name_that_is_a_folder(tmp_path, monkeypatch, capsys):
+    import course_lib.pile_command as pc
+    def no_mini_pile(*a, **k): raise AssertionError("the mini-Pile was used")
+    monkeypatch.setattr(pc, "mini_pile", no_mini_pile)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path/"val").mkdir(), (tmp_path/"test").mkdir()
+    for v in ("val,test", "test,val"):
+        with pytest.raises(ValueError, match=r"mini:"): pc._decontaminate_paths(v)
+    rc, out, err = run_pile(["clean", "--help"])
+    assert rc == 0 and "mini:" in out and "exit status" in out
+
+
+# Issue 47, the new-user trial (helper B): `ref:NAME` beside a folder NAME is carried through to
+# the cache path, and an adapter spec with '=' that names no file says so first.
+
+def test_course_fid_ref_name_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    from course_lib.fid_command import fid_main
+    monkeypatch.chdir(tmp_path)
+    write_pngs(tmp_path/"digits-valid")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = fid_main(["./digits-valid", "ref:digits-valid"])
+    assert rc == 0, err.getvalue()
+    assert "names both" not in err.getvalue() and out.getvalue().startswith("FID")
+
+
+def test_an_adapter_spec_with_equals_that_names_no_file(tmp_path, monkeypatch):
+    from course_lib.lora_command import parse_adapter_spec
+    monkeypatch.chdir(tmp_path)
+    (tmp_path/"lr=3e-3").mkdir()
+    with pytest.raises(ValueError) as e:
+        parse_adapter_spec("lr=3e-3/missing.safetensors")
+    msg = str(e.value)
+    assert msg.index("no file 'lr=3e-3/missing.safetensors'") < msg.index("PATH=WEIGHT")
+    assert "folder 'lr=3e-3' exists" in msg and "PATH=0.8" in msg
+    assert "got the weight" not in msg and "lr=0.8" not in msg
+    with pytest.raises(ValueError, match=r"'lr=3e-3' is a folder, not an adapter file"):
+        parse_adapter_spec("lr=3e-3")
+
+
+def test_flow_grid_with_an_extreme_mu(monkeypatch):
+    "FLUX's dynamic shift for any finite mu: no OverflowError, times in [0, 1], still diffusers'."
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from course_lib.flow import flow_grid
+    for mu in (800.0, -800.0, 1e300):
+        g = flow_grid(4, mu=mu)
+        assert torch.isfinite(g).all() and (g >= 0).all() and (g <= 1).all(), (mu, g)
+    assert torch.equal(flow_grid(4, mu=800.0), torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0]))
+    s = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    for mu in (0.5, 1.15, 3.0):
+        s.set_timesteps(8, mu=mu)
+        assert (flow_grid(8, mu=mu) - s.sigmas).abs().max() < 1e-6

@@ -104,3 +104,14 @@ def test_flux_lora_resume_takes_the_new_lr_and_says_so(tmp_path):
     ck = tmp_path / "r" / "checkpoint.safetensors"
     assert all(lr == pytest.approx(1e-4) for lr in _lrs(ck))
     assert json.loads(load_checkpoint(ck)[1]["changes"]) == [{"step": 2, "lr": [0.01, 0.0001], "steps": [2, 3]}]
+
+
+def test_train_ddpm_resume_past_the_requested_steps_says_nothing_is_trained(tmp_path):
+    "A checkpoint at step 4 asked for steps=2 used to return the step-4 model without a word."
+    a = DDPMConfig(**TINY, steps=4, checkpoint_every=4)
+    train_ddpm(a, checkpoint_dir=tmp_path, progress=False)
+    seen = []
+    with pytest.warns(UserWarning, match=r"at step 4, past steps=2: nothing is trained"):
+        train_ddpm(replace(a, steps=2), checkpoint_dir=tmp_path, progress=False,
+                   callback=lambda s, l: seen.append(s))
+    assert seen == [] and read_checkpoint(tmp_path)[0]["step"] == 4

@@ -235,3 +235,60 @@ def test_lora_generate_checks_the_adapter_files_before_the_base_loads(tmp_path, 
            says=[str(w), "HTML page"])
     e = empty(tmp_path / "e.safetensors")
     course(capsys, "lora", "generate", "a digit", tmp_path / "o.png", "--adapter", e, says=[str(e), "is empty (0 bytes)"])
+
+
+# ------------------------------------------------------------------------- issue 47, the new-user trial (helper B)
+
+def _imgs(tmp_path):
+    import numpy as np
+    from PIL import Image
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((16, 16), 40 * i, np.uint8)).save(imgs / f"{i}.png")
+    return imgs
+
+
+def test_fid_weights_that_are_other_weights_or_a_plain_zip(tmp_path, capsys, monkeypatch):
+    "A torch file of other weights, a model's state dict, a zip that torch.save did not write: exit 2, W named."
+    import zipfile
+    imgs = _imgs(tmp_path)
+    other = tmp_path / "other.pth"
+    torch.save({"w": torch.zeros(2)}, other)
+    err = course(capsys, "fid", imgs, imgs, "--extractor", "inception", "--weights", other,
+                 says=[str(other), "not Inception-v3 weights for torch-fidelity", "'w'", "Conv2d_1a_3x3"])
+    assert len(err) < 1500, err
+    model = tmp_path / "resnet.pth"
+    torch.save(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).state_dict(), model)
+    err = course(capsys, "fid", imgs, imgs, "--extractor", "inception", "--weights", model,
+                 says=[str(model), "not Inception-v3 weights", "missing", "unexpected"])
+    assert len(err) < 1500, err
+    z = tmp_path / "plain.pth"
+    with zipfile.ZipFile(z, "w") as f: f.writestr("a.txt", "hello")
+    course(capsys, "fid", imgs, imgs, "--extractor", "inception", "--weights", z,
+           says=[str(z), "not one torch.save wrote", "a.txt"])
+    monkeypatch.setenv("COURSE_LIB_INCEPTION_WEIGHTS", str(other))
+    course(capsys, "fid", imgs, imgs, "--extractor", "inception", says=[str(other), "not Inception-v3 weights"])
+
+
+def test_fid_statistics_file_that_is_a_web_page(tmp_path, capsys):
+    imgs = _imgs(tmp_path)
+    st = html(tmp_path / "stats.npz")
+    err = course(capsys, "fid", imgs, st, says=[str(st), "HTML page", f"{len(HTML)} bytes"])
+    assert "pickled" not in err
+    e = empty(tmp_path / "e.npz")
+    err = course(capsys, "fid", imgs, e, says=[str(e), "is empty (0 bytes)"])
+    assert "pickled" not in err
+
+
+def test_a_folder_given_as_a_file_says_it_is_a_folder(tmp_path, capsys):
+    "--pretrained, course lora info, --weights: 'is a folder, not a file', not 'does not exist'."
+    d = tmp_path / "lr=3e-3"
+    d.mkdir()
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    imgs = _imgs(tmp_path)
+    for args in (("lora", "info", d),
+                 ("finetune", tmp_path / "data", "--model", "resnet18", "--pretrained", d, "--steps", "1"),
+                 ("fid", imgs, imgs, "--extractor", "inception", "--weights", d)):
+        err = course(capsys, *args, says=[str(d), "is a folder, not a file"])
+        assert "does not exist" not in err and "no adapter file" not in err and "no checkpoint" not in err
