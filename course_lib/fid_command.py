@@ -107,12 +107,13 @@ def _fid_metrics(a: argparse.Namespace) -> dict:
 
 # %% ../nbs/35_fid_command.ipynb #f1a2b3c4
 def _clamp_fid(fid: float, sa: dict, sb: dict) -> float:
-    """FID, a squared distance, with float64 rounding residue below 0 reported as 0.0: a negative
-    within 1e-9 of the statistics' scale (the traces of both covariances and the squared means).
+    """FID, a squared distance, with float64 rounding residue reported as 0.0: a value of either
+    sign within 1e-9 of the statistics' scale (the traces of both covariances and the squared
+    means; identical statistics give about +-1e-12 there, the sign depending on the LAPACK build).
     A larger negative is kept, with a warning: the covariances are not valid (not PSD)."""
-    if not fid < 0: return fid + 0.0                          # -0.0 as 0.0
     scale = sum(float(abs(s["sigma"].trace()) + s["mu"] @ s["mu"]) for s in (sa, sb))
-    if fid >= -1e-9 * max(scale, 1.0): return 0.0
+    if abs(fid) <= 1e-9 * max(scale, 1.0): return 0.0
+    if fid > 0: return fid
     warnings.warn(f"FID {fid:.6g} is negative beyond rounding: the statistics' covariances are "
                   "not positive semi-definite; recompute them from images")
     return fid

@@ -61,9 +61,10 @@ def parse_adapter_spec(spec: str, exists=os.path.isfile) -> tuple[str, float]:
         d = os.path.dirname(spec)
         there = f" (the folder {d!r} exists: list it for the file's name)" if (
             d and os.path.isdir(d)) else ""
-        raise ValueError(f"--adapter {spec!r}: no file {spec!r} exists{there}, and its part after "
-                         f"the last '=' ({w!r}) is not a weight; write PATH or PATH=WEIGHT with "
-                         "WEIGHT a number (e.g. PATH=0.8)")
+        why = (f"its part after the last '=' ({w!r}) is not a weight" if path else
+               "it has no PATH before its '='")
+        raise ValueError(f"--adapter {spec!r}: no file {spec!r} exists{there}, and {why}; write "
+                         "PATH or PATH=WEIGHT with WEIGHT a number (e.g. PATH=0.8)")
     return path, weight
 
 # %% ../nbs/49_lora_command.ipynb #52fbbde8
