@@ -109,7 +109,7 @@ def _fid_metrics(a: argparse.Namespace) -> dict:
 def _clamp_fid(fid: float, sa: dict, sb: dict) -> float:
     """FID, a squared distance, with float64 rounding residue reported as 0.0: a value of either
     sign within 1e-9 of the statistics' scale (the traces of both covariances and the squared
-    means; identical statistics give about +-1e-12 there, the sign depending on the LAPACK build).
+    means: identical statistics give about +-1e-12 there, the sign depending on the LAPACK build).
     A larger negative is kept, with a warning: the covariances are not valid (not PSD)."""
     scale = sum(float(abs(s["sigma"].trace()) + s["mu"] @ s["mu"]) for s in (sa, sb))
     if abs(fid) <= 1e-9 * max(scale, 1.0): return 0.0
