@@ -1,5 +1,5 @@
 """LoRA against full fine-tuning of unit 4's base UNet: trainable parameters, file size, training state, peak
-memory (the tensors of one training step measured by `course_lib.lora_train.PeakMemory` plus the weights, as in
+memory (the tensors of one training step measured by `course_lib.lora.metrics.PeakMemory` plus the weights, as in
 notebook 42; and the peak RSS of a fresh process, or the CUDA peak on a GPU) and seconds per step, with ratios to
 full fine-tuning measured in the same run. The base weights are random (timing and memory do not depend on them).
 
@@ -12,8 +12,8 @@ def one(mode: str, steps: int, batch_size: int, rank: int) -> dict:
     import copy, torch
     from course_lib.ddpm import make_unet
     from course_lib.lora import add_lora, LORA_TARGETS
-    from course_lib.lora_base import base_config
-    from course_lib.lora_metrics import adapter_file_bytes, PeakMemory
+    from course_lib.lora import base_config
+    from course_lib.lora import adapter_file_bytes, PeakMemory
     from course_lib.core import get_device
     dev = get_device()
     cfg = base_config(1)

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
         for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[v] = str(a.threads)
     import numpy as np, torch
     if a.threads: torch.set_num_threads(a.threads)
-    from course_lib.frechet import frechet_distance
+    from course_lib.metrics import frechet_distance
 
     # ---- Fréchet distance on d-dimensional statistics (covariances of ReLU-like features, full rank)
     rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@
    - plain zstandard stream decompression into nothing (the single-core limit of the format),
    - JSON decoding alone of the same lines already decompressed and split in memory (msgspec, the reader's decoder,
      and orjson): the most one thread that parses can reach, whatever overlaps with it,
-   - `course_lib.jsonl_zst.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
+   - `course_lib.pile.jsonl_zst.read_jsonl_zst` (records fully parsed into dicts), threaded and not,
    - `lm_dataformat.Reader.stream_data` (the Pile's own reader), and a naive orjson line loop.
    - the reader's own line splitting and parsing over the same lines in memory (4 MB pieces, no decompression),
      and msgspec's `Decoder.decode_lines` over those pieces (splitting in C, but without the reader's line numbers);
@@ -16,7 +16,7 @@
 2. The same data in several shards of equal size, read by `course pile stats --processes N` (in this process, so
    `pile_main` with the pool it starts): scaling, against one process reading them one after another; and, for
    reference, the machine's own scaling on the same shards (N processes decompressing into nothing).
-3. BPB evaluation tokens/s of `course_lib.bpb.bpb` (windows batched) against one window at a time.
+3. BPB evaluation tokens/s of `course_lib.pile.bpb.bpb` (windows batched) against one window at a time.
 Ratios are against baselines measured in the same run. Nothing is downloaded."""
 import argparse, contextlib, multiprocessing, io, json, os, sys, sysconfig, tempfile, time
 from concurrent.futures import ProcessPoolExecutor
@@ -24,9 +24,10 @@ from pathlib import Path
 
 import zstandard
 
-from course_lib.jsonl_zst import read_jsonl_zst, write_jsonl_zst, ReadStats
-from course_lib.pile_command import mini_pile_records, format_table, pile_main, _stats_one
-from course_lib.jsonl_zst import _loads, _records
+from course_lib.pile import read_jsonl_zst, write_jsonl_zst, ReadStats
+from course_lib.pile import mini_pile_records, format_table, pile_main
+from course_lib.pile.mini import _stats_one
+from course_lib.pile.jsonl_zst import _loads, _records
 from course_lib.core import start_method
 
 CTX = multiprocessing.get_context(start_method())   # the start method `course` uses (fork on Linux)
@@ -242,8 +243,8 @@ def main(argv=None):
     if not a.no_bpb:
         import torch
         from transformers import GPT2Config, GPT2LMHeadModel
-        from course_lib.bpb import bpb
-        from course_lib.lm import train_bpe_tokenizer
+        from course_lib.pile import bpb
+        from course_lib.pile import train_bpe_tokenizer
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         docs = list(mini_pile_records(max_mb_per_subset=0.05, max_doc_kb=16))
         tok = train_bpe_tokenizer([r["text"] for r in docs], vocab_size=1024)

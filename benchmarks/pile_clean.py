@@ -1,8 +1,8 @@
-"""Unit 6 benchmark: the cleaning pipeline (`course_lib.pile_pipeline.run_clean`) and MinHash signatures.
+"""Unit 6 benchmark: the cleaning pipeline (`course_lib.pile.pipeline.run_clean`) and MinHash signatures.
 
     python benchmarks/pile_clean.py [--mb-per-subset 8] [--shards 4] [--workers 2] [--repeat 1]
 
-The mini-Pile (texts of the installed packages, `course_lib.pile_command.mini_pile_records`, written at run time in
+The mini-Pile (texts of the installed packages, `course_lib.pile.mini.mini_pile_records`, written at run time in
 a temporary folder), in `--shards` Pile-format shards of about equal size. From one run, as ratios:
 1. The cost of each step, one worker, every shard: `read_jsonl_zst` alone (the baseline), datatrove's executor with
    `PileReader` alone, + the Gopher rules filter, + the writer (`run_clean(dedup=None)`), + exact dedup
@@ -13,17 +13,17 @@ a temporary folder), in `--shards` Pile-format shards of about equal size. From 
    of `run_clean(dedup="exact")`, whose dedup stage reads and writes again what the filters kept: its own reads and
    writes at the measured rates, every step taken as free.
 2. `run_clean(dedup="exact")` on `--workers` worker processes against one, on the same shards (documents a second),
-   with the workers forked (`course_lib.core.start_method` on Linux) and, for comparison, started by a fork server,
+   with the workers forked (`course_lib.core.basics.start_method` on Linux) and, for comparison, started by a fork server,
    beside the machine's own scaling on the same shards (the Gopher rules alone, in N processes).
-3. MinHash signatures a second of `course_lib.pile_clean.MinHasher.signatures` against `datasketch.MinHash`
+3. MinHash signatures a second of `course_lib.pile.clean.MinHasher.signatures` against `datasketch.MinHash`
    (`update_batch` with the same normalised word 5-grams), 128 permutations, on the same documents.
 Nothing is downloaded."""
 import argparse, contextlib, multiprocessing, os, shutil, sys, tempfile, time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from course_lib.jsonl_zst import read_jsonl_zst, write_jsonl_zst
-from course_lib.pile_command import format_table, mini_pile_records
+from course_lib.pile import read_jsonl_zst, write_jsonl_zst
+from course_lib.pile import format_table, mini_pile_records
 from course_lib.core import start_method
 
 CTX = multiprocessing.get_context(start_method())   # the start method `course` uses (fork on Linux)
@@ -59,7 +59,7 @@ def read_all(shards) -> int:
 
 def executor_only(shards_dir: Path, work: Path, tasks: int, gopher: bool) -> None:
     "datatrove's local executor with `PileReader` (and the Gopher rules filter), nothing written."
-    from course_lib.pile_pipeline import GopherRulesFilter, PileReader, RemovalWriter, Stage, run_pipeline
+    from course_lib.pile import GopherRulesFilter, PileReader, RemovalWriter, Stage, run_pipeline
     shutil.rmtree(work, ignore_errors=True)   # datatrove would skip the tasks a previous repeat completed
     steps = [PileReader(shards_dir)]
     if gopher: steps.append(GopherRulesFilter(RemovalWriter(work / "removed" / "gopher", "gopher")))
@@ -78,7 +78,7 @@ def quiet_fd2():
 
 
 def clean(shards_dir: Path, out: Path, dedup, tasks: int, workers: int):
-    from course_lib.pile_pipeline import run_clean
+    from course_lib.pile import run_clean
     shutil.rmtree(out, ignore_errors=True)
     with quiet_fd2():
         return run_clean(shards_dir, out, dedup=dedup, filters=("gopher",), tasks=tasks, workers=workers)
@@ -86,7 +86,7 @@ def clean(shards_dir: Path, out: Path, dedup, tasks: int, workers: int):
 
 def gopher_shard(path) -> int:
     "The Gopher rules over one shard's documents, nothing else (the machine's own scaling, for reference)."
-    from course_lib.pile_clean import gopher_reasons
+    from course_lib.pile import gopher_reasons
     return sum(1 for r in read_jsonl_zst(path) if not gopher_reasons(r["text"]))
 
 
@@ -95,7 +95,7 @@ def writer_ceiling(shards, t_read: float, folder: Path, n_docs: int, rep) -> lis
     bytes already encoded (zstd's fastest level, C code only), write_jsonl_zst at level 1, and at level 3 (PileWriter's);
     then the reads and writes of `rep`'s run_clean(dedup="exact") at those rates (level 3), its steps taken as free."""
     import zstandard
-    from course_lib.jsonl_zst import _dumps
+    from course_lib.pile.jsonl_zst import _dumps
     records = [r for s in shards for r in read_jsonl_zst(s)]
     data = b"".join(map(_dumps, records))
     folder.mkdir()
@@ -123,7 +123,7 @@ def forkserver_rows(run, n_docs: int, t1: float, workers: int) -> list[dict]:
     """`run` again with the workers started by a fork server (datatrove's default, and the default on Linux from
     Python 3.14) where `start_method()` forks them: each worker of each stage imports datatrove and course_lib."""
     import multiprocess
-    import course_lib.pile_pipeline as pp
+    import course_lib.pile.pipeline as pp
     if start_method() == "forkserver" or "forkserver" not in multiprocess.get_all_start_methods(): return []
     saved, pp._start_method = pp._start_method, lambda: "forkserver"
     try: t, _ = timed(run)
@@ -140,7 +140,7 @@ def positive(s: str) -> int:
 
 def datasketch_signatures(texts, num_perm=128, n=5):
     import datasketch
-    from course_lib.pile_clean import word_ngrams
+    from course_lib.pile import word_ngrams
     out = []
     for t in texts:
         m = datasketch.MinHash(num_perm=num_perm, seed=1)
@@ -158,7 +158,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     global REPEAT
     REPEAT = max(1, a.repeat)
-    import course_lib.pile_pipeline  # noqa: F401  (datatrove's import, about a second, is not a step's cost)
+    import course_lib.pile.pipeline  # noqa: F401  (datatrove's import, about a second, is not a step's cost)
     records = list(mini_pile_records(max_mb_per_subset=a.mb_per_subset))
     texts = [r["text"] for r in records]
     n_docs, mb = len(texts), sum(len(t.encode("utf-8")) for t in texts) / 1e6
@@ -218,7 +218,7 @@ def main(argv=None):
         print(f"\n2. {a.workers} workers against 1, {a.shards} tasks (one a shard)"); print(format_table(rows))
 
     # 3. MinHash signatures
-    from course_lib.pile_clean import MinHasher
+    from course_lib.pile import MinHasher
     mh = MinHasher(num_perm=128, n_gram=5)
     t_ours, sigs = timed(lambda: mh.signatures(texts))
     t_ds, _ = timed(lambda: datasketch_signatures(texts))

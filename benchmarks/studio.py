@@ -38,7 +38,7 @@ def steps_per_s(history: list[dict], skip: int = 5) -> float:
 
 def prepare(root: Path):
     "A studio under `root` with 8 corner digits captioned 'a photo of sks digit', on `tiny_bases()`."
-    from course_lib.flux_lora_train import write_corner_folder
+    from course_lib.flux import write_corner_folder
     from course_lib.studio import Studio, tiny_bases
     st = Studio(root, tiny_bases())
     if not st.images():
@@ -57,8 +57,8 @@ def config(trainer: str, steps: int):
 def child_headless(trainer: str, steps: int, work: Path) -> None:
     "The headless trainer in this process's main thread; prints the history's steps per second."
     import copy
-    from course_lib.flux_lora_train import train_flux_lora
-    from course_lib.lora_command import train_lora_run
+    from course_lib.flux import train_flux_lora
+    from course_lib.lora import train_lora_run
     st = prepare(work/"studio")
     cfg, base = config(trainer, steps), st.base(trainer)
     if trainer == "unet": run = train_lora_run(base, st.images_dir, cfg, work/"headless")

@@ -1,6 +1,6 @@
 """Inference throughput of a course vision model: images/s for eager fp32, channels_last, bf16 autocast,
 TorchScript and ONNX Runtime at batch sizes 1 to 256, with ratios against eager fp32 measured in the same run,
-and a check that `course_lib.vision.choose_batch_size` picks a batch size within 10% of the best throughput.
+and a check that `course_lib.vision.inference.choose_batch_size` picks a batch size within 10% of the best throughput.
 
     python benchmarks/vision.py                        # course_resnet_32 on the default device
     python benchmarks/vision.py --model course_vit_32 --threads 1 --min-time 0.5
@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from course_lib.core import get_device
-from course_lib.vision import (bf16_supported, choose_batch_size, export_onnx, export_torchscript, images_per_second,
-                               model_data_config, onnx_session)
+from course_lib.vision import (
+    bf16_supported, choose_batch_size, export_onnx, export_torchscript, images_per_second,
+    model_data_config, onnx_session)
 import timm
 
 

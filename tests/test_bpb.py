@@ -1,4 +1,4 @@
-"""course_lib.bpb: bits per byte against lm-evaluation-harness run on the same local model directory and documents,
+"""course_lib.pile.bpb: bits per byte against lm-evaluation-harness run on the same local model directory and documents,
 rolling/strided windows, compressors, the data-parallel evaluation (2 CPU processes) and `course bpb`."""
 import bz2, gzip, json, lzma, math, os, re, subprocess, sys, textwrap
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 import zstandard
 
-from course_lib.bpb import BPBResult, bpb, n_bytes, prefix_token_id, rolling_windows
-from course_lib.bpb_command import bpb_main
-from course_lib.compressors import COMPRESSORS, compressor_bpb
-from course_lib.lm import train_bpe_tokenizer
-from course_lib.jsonl_zst import write_jsonl_zst
+from course_lib.pile import BPBResult, bpb, n_bytes, prefix_token_id, rolling_windows
+from course_lib.pile import bpb_main
+from course_lib.pile import COMPRESSORS, compressor_bpb
+from course_lib.pile import train_bpe_tokenizer
+from course_lib.pile import write_jsonl_zst
 
 DOCS = [
     {"text": "Bits per byte divides the log-likelihood by UTF-8 bytes. " * 12, "meta": {"pile_set_name": "Pile-CC"}},
@@ -135,7 +135,7 @@ def test_compressor_bpb():
 
 def test_compressor_bytes_are_the_documents_utf8_bytes():
     "Was: L_B = len('\\n'.join(texts)), one byte too many a document; now the model's denominator."
-    from course_lib.bpb import BPBReport
+    from course_lib.pile import BPBReport
     texts = [d["text"] for d in DOCS]
     for m in ("gzip-9", "zstd-19"):
         assert compressor_bpb(texts, m).bytes == sum(n_bytes(t) for t in texts)
@@ -144,7 +144,7 @@ def test_compressor_bytes_are_the_documents_utf8_bytes():
 
 def test_zstd_code_bytes_leaves_out_every_frame_header():
     "A frame is magic (4) + frame header + 3 bytes a block (+ 4 with a checksum); measured with zstandard."
-    from course_lib.compressors import zstd_code_bytes
+    from course_lib.pile import zstd_code_bytes
     for kw in ({}, {"write_checksum": True}, {"write_content_size": False, "write_checksum": False}):
         cctx = zstandard.ZstdCompressor(level=19, **kw)
         for b in (b"", b"x", b"hello world " * 3, bytes(range(256)) * 900):   # raw, compressed, RLE, 2 blocks
@@ -159,7 +159,7 @@ def test_zstd_code_bytes_leaves_out_every_frame_header():
 
 def test_per_document_zstd_bpb_counts_no_frame_header_per_document():
     "Was: each document's frame (about 9 bytes = 72 bits) was counted, a floor of 72 / L_B bits a byte."
-    from course_lib.compressors import zstd_dict_bpb
+    from course_lib.pile import zstd_dict_bpb
     train = [f"tiny doc number {i} about bits per byte" for i in range(300)]
     docs = ["tiny doc"] * 50
     r = zstd_dict_bpb(docs, train, dict_size=4096)
@@ -188,9 +188,9 @@ def test_two_processes_same_totals(tiny, tmp_path):
         import json, torch
         torch.set_num_threads(1)
         from accelerate import Accelerator
-        from course_lib.bpb import bpb
-        from course_lib.bpb_command import load_local_lm
-        from course_lib.jsonl_zst import read_jsonl_zst
+        from course_lib.pile import bpb
+        from course_lib.pile import load_local_lm
+        from course_lib.pile import read_jsonl_zst
         acc = Accelerator(cpu=True)
         model, tok = load_local_lm({str(d)!r})
         rep = bpb(model, tok, read_jsonl_zst({str(tmp_path / 'docs.jsonl.zst')!r}), window={WINDOW}, accelerator=acc)

@@ -1,4 +1,4 @@
-"""`course bpb` and `course_lib.bpb` on inputs off the lesson's path (issue 17, kind 2): nothing to
+"""`course bpb` and `course_lib.pile.bpb` on inputs off the lesson's path (issue 17, kind 2): nothing to
 score, a subset with no bytes, a truncated file after the documents asked for, a window longer than
 the model's context, bad lines with `--errors skip`, subset names that are not strings, and a folder
 with nothing to read."""
@@ -8,10 +8,10 @@ import pytest
 import torch
 import zstandard
 
-from course_lib.bpb import bpb
-from course_lib.bpb_command import bpb_main
-from course_lib.lm import train_bpe_tokenizer
-from course_lib.jsonl_zst import write_jsonl_zst
+from course_lib.pile import bpb
+from course_lib.pile import bpb_main
+from course_lib.pile import train_bpe_tokenizer
+from course_lib.pile import write_jsonl_zst
 
 DOCS = [{"text": "Bits per byte divides the log-likelihood by UTF-8 bytes. " * 4,
          "meta": {"pile_set_name": "A"}},

@@ -1,4 +1,4 @@
-"""One key for every cached artefact (`course_lib.cache.cache_key`): config, data and code version.
+"""One key for every cached artefact (`course_lib.core.cache.cache_key`): config, data and code version.
 
 The case that motivated it: `load_pretrained_ddpm(config, dataset=zeros)` followed by
 `load_pretrained_ddpm(config)` returned the zeros-trained model (the dataset was not in the key).
@@ -9,9 +9,9 @@ import warnings
 import pytest
 import torch
 
-from course_lib import cache as core
-from course_lib.cache import (StaleCacheWarning, cache_key, check_cached, code_fingerprint, data_fingerprint,
-                             record_cached)
+from course_lib.core import cache as core
+from course_lib.core import (
+    StaleCacheWarning, cache_key, check_cached, code_fingerprint, data_fingerprint, record_cached)
 
 
 @pytest.fixture
@@ -89,11 +89,11 @@ def test_cache_key_parts():
 @pytest.mark.parametrize("make", ["ddpm", "classifier", "toy_score", "ncsn", "tiny_gpt2"])
 def test_every_config_key_is_the_core_key(make, monkeypatch):
     "Each loader's `config.key()` is `cache.cache_key`: no hand-written hash is left."
-    from course_lib.classifier import ClassifierConfig
+    from course_lib.ddpm import ClassifierConfig
     from course_lib.ddpm import DDPMConfig
-    from course_lib.lm import TinyGPTConfig
-    from course_lib.langevin import NCSNConfig
-    from course_lib.score_matching import ToyScoreConfig
+    from course_lib.pile import TinyGPTConfig
+    from course_lib.score import NCSNConfig
+    from course_lib.score import ToyScoreConfig
     cfg = {"ddpm": DDPMConfig.quick, "classifier": ClassifierConfig, "toy_score": ToyScoreConfig,
            "ncsn": NCSNConfig, "tiny_gpt2": TinyGPTConfig}[make]()
     calls = []

@@ -1,4 +1,4 @@
-"""course_lib.captioner: the measured captions, the course's trained captioner (its accuracy against the
+"""course_lib.flux.captioner: the measured captions, the course's trained captioner (its accuracy against the
 measurements, and an untrained one failing the same bar), PIL input of any size and mode, bad input named by
 index, and the Hugging Face loader: a tiny local model end to end, and a clear offline error (nothing downloads)."""
 import os
@@ -10,11 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
-from course_lib.captioner import (CAPTION_SLOTS, COURSE_CAPTIONER, DigitsCaptionNet, HFCaptioner,
-                                  caption_accuracy, captioner_data, check_images, get_captioner,
-                                  images_to_tensor, measure_slots, measured_captions, to_corner)
+from course_lib.flux import (
+    CAPTION_SLOTS, COURSE_CAPTIONER, DigitsCaptionNet, HFCaptioner, caption_accuracy,
+    captioner_data, check_images, get_captioner, images_to_tensor, measure_slots, measured_captions,
+    to_corner)
 from course_lib.data import Digits, to_uint8
-from course_lib.flux_parts import caption_digits
+from course_lib.flux import caption_digits
 
 # Held-out accuracy of CaptionerConfig() trained with seeds 0, 1, 2 (718 held-out images each):
 # exact 0.714 / 0.730 / 0.696; thickness >= 0.91, digit >= 0.955, slant >= 0.80, position 1.0.
@@ -96,8 +97,8 @@ def test_bad_input_is_named_by_index(captioner):
 
 
 def test_an_unreachable_hub_model_names_itself_and_the_embedded_captioner():
-    code = ("from course_lib.captioner import get_captioner\n"
-            "from course_lib.core import OfflineError\n"
+    code = ("from course_lib.flux.captioner import get_captioner\n"
+            "from course_lib.core.basics import OfflineError\n"
             "try:\n    get_captioner('course-lib-test/no-such-captioner-7f3a')\n"
             "except OfflineError as e:\n    print('OFFLINE', e)\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -111,7 +112,7 @@ def test_an_unreachable_hub_model_names_itself_and_the_embedded_captioner():
 def test_a_local_hugging_face_model_captions_end_to_end(tmp_path):
     from transformers import (GPT2Config, ViTConfig, ViTImageProcessor, VisionEncoderDecoderConfig,
                               VisionEncoderDecoderModel)
-    from course_lib.flux_parts import make_tokenizer
+    from course_lib.flux import make_tokenizer
     tok = make_tokenizer(16)
     enc = ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                     image_size=16, patch_size=8)

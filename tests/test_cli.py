@@ -5,13 +5,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.cli import main, load_units, find_unit, Unit, keep_checked_outputs
+from course_lib.cli import main, keep_checked_outputs
+from course_lib.course import load_units, find_unit, Unit
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def course(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env or os.environ.copy(), cwd=cwd or ROOT, timeout=600)
 
 
@@ -24,7 +25,7 @@ def make_project(tmp: Path, cells_b: list[str]) -> Path:
         p = nbformat.v4.new_code_cell("steps = 1000"); p.metadata["tags"] = ["parameters"]
         n.cells = [p] + [nbformat.v4.new_code_cell(c) for c in cells]
         nbformat.write(n, path)
-    nb(tmp / "nbs" / "a.ipynb", ["from course_lib.core import record\nrecord('steps_seen', steps)"])
+    nb(tmp / "nbs" / "a.ipynb", ["from course_lib.core.basics import record\nrecord('steps_seen', steps)"])
     nb(tmp / "nbs" / "b.ipynb", cells_b)
     (tmp / "units" / "07_tiny" / "unit.toml").write_text(
         '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb", "b.ipynb"]\n[profiles.quick]\nsteps = 3\n[profiles.full]\nsteps = 30\n')
@@ -115,7 +116,7 @@ def test_doctor_warns_about_the_paths_the_course_uses(tmp_path):
 
 def test_path_problems_none_when_the_paths_are_right(tmp_path):
     "Right paths (existing or creatable where the course writes) give no warning; XDG_CACHE_HOME is checked too."
-    from course_lib.cache import path_problems
+    from course_lib.core import path_problems
     exe = tmp_path / "chromium"; exe.write_text("#!/bin/sh\n"); exe.chmod(0o755)
     (tmp_path / "w.pth").write_bytes(b"PK")
     good = {"COURSE_LIB_HOME": str(tmp_path / "new" / "cache"), "COURSE_LIB_ARTIFACTS": str(tmp_path),

@@ -10,8 +10,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from course_lib import cli
-from course_lib.site import lesson_notebook, site_settings
+from course_lib.cli import main as cli
+from course_lib.course import lesson_notebook, site_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = configparser.ConfigParser(delimiters=["="], interpolation=None)
@@ -147,8 +147,8 @@ def test_missing_extra_names_the_install(monkeypatch, tmp_path, capsys):
 
 
 def test_scaffolded_lesson_has_its_badge(tmp_path):
-    from course_lib.cli import load_unit, load_units
-    from course_lib.contrib import scaffold
+    from course_lib.course import load_unit, load_units
+    from course_lib.course import scaffold
     (tmp_path / "nbs").mkdir()
     shutil.copy(ROOT / "settings.ini", tmp_path / "settings.ini")
     shutil.copytree(ROOT / "templates", tmp_path / "templates")

@@ -16,10 +16,10 @@ from PIL import Image
 
 import course_lib
 from course_lib.cli import PLUGINS, main
-from course_lib.jsonl_zst import write_jsonl_zst
+from course_lib.pile import write_jsonl_zst
 
 ROOT = Path(__file__).resolve().parent.parent
-COURSE = [sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())"]
+COURSE = [sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())"]
 DOCS = [{"text": f"document {i} " * (i + 1), "meta": {"pile_set_name": ["Pile-CC", "Github"][i % 2]}}
         for i in range(7)]
 
@@ -65,11 +65,11 @@ def data(tmp_path_factory):
 # ---------------------------------------------------------------- help and version
 
 def test_help_lists_every_command_and_version():
-    "`course --help`, `course --version`, `python -m course_lib.cli --version`, `course CMD --help` of each plugin."
+    "`course --help`, `course --version`, `python -m course_lib.cli.main --version`, `course CMD --help` of each plugin."
     r = course("--help")
     for cmd in ["list", "run", "doctor", "freeze", "readme", *PLUGINS]: assert f"  {cmd} " in r.stdout, cmd
     assert course("--version").stdout.strip() == f"course_lib {course_lib.__version__}"
-    r = subprocess.run([sys.executable, "-m", "course_lib.cli", "--version"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli.main", "--version"], capture_output=True, text=True)
     assert r.stdout.strip() == f"course_lib {course_lib.__version__}", r     # it used to print nothing
     for cmd in PLUGINS:       # one process: each plugin's own parser prints its usage (argparse exits 0)
         assert main([cmd, "--help"]) == 0, cmd
@@ -168,7 +168,7 @@ def tiny_lm(tmp_path_factory):
     "A random 2-layer GPT-2 with a BPE tokenizer trained on DOCS, saved as a Hugging Face directory (as test_bpb)."
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from course_lib.lm import train_bpe_tokenizer
+    from course_lib.pile import train_bpe_tokenizer
     torch.manual_seed(0)
     tok = train_bpe_tokenizer([d["text"] for d in DOCS] * 3, vocab_size=300)
     cfg = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=2, n_head=2,
@@ -205,7 +205,7 @@ def test_bpb_bad_arguments(tiny_lm, tmp_path, capsys):
 def test_lora_train_info_generate(tmp_path):
     """train FOLDER OUT --rank --alpha --lr --steps --batch-size --prior-images --trigger --base-steps --log;
     info ADAPTER; generate PROMPT OUT --adapter PATH=WEIGHT --n --seed --steps --base-steps."""
-    from course_lib.lora_base import write_concept_folder
+    from course_lib.lora import write_concept_folder
     folder = write_concept_folder(tmp_path / "concept", n=4, pixels=16, trigger="zqx")
     ada = tmp_path / "zqx.safetensors"
     r = course("lora", "train", folder, ada, "--rank", "2", "--alpha", "4", "--lr", "0.01", "--steps", "2",

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cli import load_units
-from course_lib.contrib import ScaffoldError, check_new, register_notebook
+from course_lib.course import load_units
+from course_lib.course import ScaffoldError, check_new, register_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
-COURSE = [sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())"]
+COURSE = [sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())"]
 
 
 def scratch_project(dest: Path, units=("00_start",)) -> Path:
@@ -81,7 +81,7 @@ def small(tmp_path, monkeypatch):
 
 
 def test_new_registers_in_a_unit_keeping_its_layout(small, capsys):
-    from course_lib.contrib import new_main
+    from course_lib.course import new_main
     assert new_main(["11_guidance", "--unit", "ddpm", "--no-export"]) == 0
     text = (small / "units" / "01_ddpm" / "unit.toml").read_text()
     assert text.startswith("# the DDPM unit\n") and '"10_a.ipynb",  # forward\n  "11_guidance.ipynb",\n]' in text
@@ -104,12 +104,12 @@ def test_new_registers_in_a_unit_keeping_its_layout(small, capsys):
     (["../04_x", "--unit", "0"], "bad notebook name"),
     (["18_x", "--unit", "0"], "does not fit unit 0"),
     (["03_other", "--unit", "0"], "number 03 is taken"),
-    (["06_x", "--unit", "0", "--module", "core"], "course_lib/core.py already exists"),
+    (["06_x", "--unit", "0", "--module", "core"], "course_lib/core/basics.py already exists"),
     (["06_x", "--unit", "0", "--module", "class"], "bad module name"),
     (["04_x"], "required: --unit"),
 ])
 def test_new_rejects_bad_requests(small, capsys, args, msg):
-    from course_lib.contrib import new_main
+    from course_lib.course import new_main
     before = {p: p.read_bytes() for p in small.rglob("*") if p.is_file()}
     assert new_main(args) == 2
     assert msg in capsys.readouterr().err

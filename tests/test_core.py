@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.core import (seed_everything, get_device, cache_dir, atomic_write, save_checkpoint, load_checkpoint,
-                             record, read_results)
+from course_lib.core import (
+    seed_everything, get_device, cache_dir, atomic_write, save_checkpoint, load_checkpoint, record,
+    read_results)
 
 
 def test_seed_everything_reproducible():
@@ -53,7 +54,7 @@ def test_load_checkpoint_errors(tmp_path):
     with pytest.raises(TypeError, match="cannot store"): save_checkpoint(tmp_path / "x.safetensors", {"f": object()})
 
 
-# A writer in a fresh interpreter (course_lib.core imports without torch: it starts in ~0.3 s).
+# A writer in a fresh interpreter (course_lib.core.basics imports without torch: it starts in ~0.3 s).
 # "atomic" writes through atomic_write; "direct" is a deliberately NON-atomic writer (open the final
 # path and write), run to prove that the test below catches a write that is not atomic.
 _WRITER = """

@@ -5,7 +5,8 @@ import torch
 from PIL import Image
 
 from course_lib.core import OfflineError
-from course_lib.data import Digits, ImageFolder, scan_image_folder, open_image, to_float, to_uint8, load_torchvision
+from course_lib.data import (
+    Digits, ImageFolder, scan_image_folder, open_image, to_float, to_uint8, load_torchvision)
 
 
 def test_digits_split_is_stratified_and_deterministic():

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.ddpm import (AncestralSampler, CheckpointMismatch, DDPMConfig, NoiseSchedule, make_betas, make_scheduler,
-                             diffusers_scheduler,
-                             make_unet, read_checkpoint, sample, train_ddpm, load_pretrained_ddpm)
-from course_lib.classifier import DigitsClassifier, accuracy, judge_samples, load_digits_classifier
+from course_lib.ddpm import (
+    AncestralSampler, CheckpointMismatch, DDPMConfig, NoiseSchedule, make_betas, make_scheduler,
+    diffusers_scheduler, make_unet, read_checkpoint, sample, train_ddpm, load_pretrained_ddpm)
+from course_lib.ddpm import DigitsClassifier, accuracy, judge_samples, load_digits_classifier
 from course_lib.data import Digits
 
 DIFFUSERS_NAMES = {"linear": "linear", "cosine": "squaredcos_cap_v2", "sigmoid": "sigmoid"}

@@ -1,4 +1,4 @@
-"""The device probe (course_lib.device_probe): the library's entry points and the lessons on a stand-in accelerator.
+"""The device probe (course_lib.core.device_probe): the library's entry points and the lessons on a stand-in accelerator.
 
 The files tests/probe/probe_*.py run in a separate pytest process in which the probe is installed (through
 tests/probe_site/sitecustomize.py): there `torch.cuda.is_available()` is True, models moved to 'cuda' hold
@@ -35,7 +35,7 @@ def test_entry_points_under_probe(kind, tmp_path):
 
 
 def test_probe_is_installed_in_the_child(tmp_path):
-    code = ("import torch, course_lib.device_probe as p; x = torch.nn.Linear(2, 2).to('cuda').weight; "
+    code = ("import torch, course_lib.core.device_probe as p; x = torch.nn.Linear(2, 2).to('cuda').weight; "
             "print(torch.cuda.is_available(), type(x).__name__, p.kind())")
     r = subprocess.run([sys.executable, "-c", code], env=probe_env("cuda"), capture_output=True, text=True,
                        timeout=300)

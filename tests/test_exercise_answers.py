@@ -1,4 +1,4 @@
-"""course_lib.exercises_core: a checker explains every answer in words and never raises on it. A NaN or
+"""course_lib.exercises.core: a checker explains every answer in words and never raises on it. A NaN or
 infinite answer gets its own message (where it is; for an exercise with logs the 0·log 0 hint) before any
 mistake is looked for, so that a NaN no longer "matches" a mistake that also gives NaN. Lesson 13's ancestral
 step accepts both DDPM variances and says which one the learner used."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import course_lib.exercises as E
-from course_lib.exercises_core import _nonfinite
+from course_lib.exercises.core import _nonfinite
 
 VALUES = {"snr_one", "fid_scaled"}
 FUNCTIONS = sorted(set(E.exercises()) - VALUES)
@@ -92,7 +92,7 @@ def test_nonfinite_names_where():
 
 def test_ancestral_step_accepts_beta_tilde_and_says_which():
     "Was: sigma_t^2 = tilde beta_t (lesson 13's posterior variance) failed the checker."
-    from course_lib.exercises_ddpm import _ancestral
+    from course_lib.exercises.ddpm import _ancestral
     tilde = E.check_ancestral_step(lambda e, t, x, z, b: _ancestral(e, t, x, z, b, posterior=True))
     assert tilde.passed, tilde.message
     assert "you used sigma_t^2 = tilde beta_t (the posterior variance)" in tilde.message
@@ -104,7 +104,7 @@ def test_ancestral_step_accepts_beta_tilde_and_says_which():
 def test_ancestral_step_tilde_cross_checked_with_diffusers():
     "tilde beta_t is diffusers' DDPMScheduler variance 'fixed_small' (same z, no clipping)."
     from diffusers import DDPMScheduler
-    from course_lib.exercises_ddpm import _ancestral
+    from course_lib.exercises.ddpm import _ancestral
     betas = torch.linspace(1e-4, 0.02, 50)
     s = DDPMScheduler(num_train_timesteps=50, trained_betas=betas.numpy(), variance_type="fixed_small",
                       clip_sample=False)

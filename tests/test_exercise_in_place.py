@@ -173,7 +173,7 @@ def test_a_checker_allowing_an_argument_the_reference_lacks_is_refused():
 
 def test_a_change_below_six_digits_shows_the_values_that_differ():
     "An in-place `eps.add_(1e-7)` is caught, and its message shows two different numbers."
-    from course_lib.exercises_core import _first_change
+    from course_lib.exercises.core import _first_change
     before = torch.tensor([-0.569248123])
     msg = _first_change(before, before + 1e-7, "eps")
     was, now = msg.split("was ")[1].split(", now ")

@@ -201,7 +201,7 @@ def test_show_solution_prints_the_reference_without_its_decorator(capsys):
 
 def test_a_new_unit_registers_its_solutions(capsys):
     "What a unit's module does on import: `@register_solution` on each `_ref_<name>`, then it is listed."
-    from course_lib.exercises_core import register_solution, solutions
+    from course_lib.exercises import register_solution, solutions
 
     def _ref_toy_double(x):
         return 2 * x

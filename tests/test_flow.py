@@ -1,12 +1,12 @@
-"""course_lib.flow: the Euler sampler matches diffusers' FlowMatchEulerDiscreteScheduler step by step, the
+"""course_lib.flux.flow: the Euler sampler matches diffusers' FlowMatchEulerDiscreteScheduler step by step, the
 training pair and time sampling are right, training lowers the loss, and bad input is refused by name."""
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from course_lib.ddpm import DDPMConfig
-from course_lib.flow import euler_sample, euler_step, flow_grid, interpolate, sample_time, velocity_target
-from course_lib.flow_training import FlowConfig, make_flow_model, sample_flow, train_flow
+from course_lib.flux import euler_sample, euler_step, flow_grid, interpolate, sample_time, velocity_target
+from course_lib.flux import FlowConfig, make_flow_model, sample_flow, train_flow
 
 
 def _field(x, t, cond=None):
@@ -101,7 +101,7 @@ def test_bad_config_is_named():
 @pytest.mark.parametrize("n", [1, 4, 20, 50])
 def test_dynamic_shift_grid_matches_diffusers(n, mu):
     "flow_grid(n, mu=mu) is FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True).set_timesteps(n, mu=mu)."
-    from course_lib.flow import flow_grid
+    from course_lib.flux import flow_grid
     sch = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, use_dynamic_shifting=True, base_shift=0.5,
                                           max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
     sch.set_timesteps(n, mu=mu)
@@ -119,7 +119,7 @@ def test_dynamic_shift_grid_matches_diffusers(n, mu):
 @pytest.mark.parametrize("seq_len", [1, 16, 256, 1024, 4096, 8192])
 def test_calculate_shift_is_fluxpipelines(seq_len):
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift as theirs
-    from course_lib.flow import calculate_shift
+    from course_lib.flux import calculate_shift
     assert calculate_shift(seq_len) == pytest.approx(theirs(seq_len), abs=1e-12)
     kw = dict(base_seq_len=64, max_seq_len=1024, base_shift=0.3, max_shift=1.5)
     assert calculate_shift(seq_len, **kw) == pytest.approx(theirs(seq_len, 64, 1024, 0.3, 1.5), abs=1e-12)
@@ -128,13 +128,13 @@ def test_calculate_shift_is_fluxpipelines(seq_len):
 def test_dynamic_shift_is_sd3s_shift_with_s_exp_mu():
     "e^mu / (e^mu + 1/t - 1) = s t / (1 + (s - 1) t) with s = e^mu: only t_min differs between the two grids."
     import math
-    from course_lib.flow import dynamic_shift_time, shift_time
+    from course_lib.flux import dynamic_shift_time, shift_time
     t = torch.linspace(0.01, 1, 50, dtype=torch.float64)
     assert torch.allclose(dynamic_shift_time(t, 0.7), shift_time(t, math.exp(0.7)), atol=1e-12)
 
 
 def test_dynamic_shift_bad_input_is_named():
-    from course_lib.flow import calculate_shift
+    from course_lib.flux import calculate_shift
     with pytest.raises(ValueError, match=r"pass shift=3.0 or mu=0.5, not both"):
         flow_grid(4, 3.0, mu=0.5)
     for bad in (float("nan"), float("inf"), "1"):
@@ -151,7 +151,7 @@ def test_flux_mini_samples_on_fluxpipelines_static_grid():
     """What flux.generate's docstring says: FLUX-mini's scheduler is static (shift 1, no dynamic shifting), so the
     mu FluxPipeline computes changes nothing and the grid is FluxPipeline's own linspace(1, 1/n, n), then 0."""
     from course_lib.flux import generate, make_flux_pipeline
-    from course_lib.flux_io import FluxMiniConfig
+    from course_lib.flux import FluxMiniConfig
     pipe = make_flux_pipeline(FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1))
     assert not pipe.scheduler.config.use_dynamic_shifting and pipe.scheduler.config.shift == 1.0
     generate(pipe, ["seven"], num_inference_steps=5)

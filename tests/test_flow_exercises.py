@@ -1,10 +1,10 @@
-"""course_lib.exercises_flow: every checker of unit 7 passes its reference, catches a typical mistake and
+"""course_lib.exercises.flow: every checker of unit 7 passes its reference, catches a typical mistake and
 names it, and says "not done yet" for a stub."""
 import pytest
 import torch
 
-import course_lib.exercises_flow as E
-from course_lib.exercises_core import show_solution
+import course_lib.exercises.flow as E
+from course_lib.exercises import show_solution
 
 MISTAKES = {
     "cfg_combine": (lambda c, u, w: c + w * (u - c), "swapping cond and uncond"),

@@ -1,4 +1,4 @@
-"""course_lib.flux: captions measured from pixels, FLUX's packing, an offline seeded FluxPipeline whose output our
+"""course_lib.flux.mini: captions measured from pixels, FLUX's packing, an offline seeded FluxPipeline whose output our
 own Euler loop reproduces, save/load round trips, training lowers the loss, and bad input refused by name."""
 import warnings
 
@@ -7,13 +7,15 @@ import torch
 from diffusers import FluxPipeline
 
 from course_lib.data import Digits
-from course_lib.flow import euler_step
-from course_lib.flux_io import FluxMiniConfig, open_flux_mini, save_flux_mini
-from course_lib.flux_parts import (_ref_digit_slant, caption_digits, check_digit_slant, check_flux_pack_latents,
-                                   ink_mass, slant)
-from course_lib.flux import (FluxVelocity, caption_table, generate, latent_ids, make_flux_pipeline, pack_latents,
-                             unpack_latents)
-from course_lib.flux_train import judge_prompt_rate, prompt_digit, train_flux_mini
+from course_lib.flux import euler_step
+from course_lib.flux import FluxMiniConfig, open_flux_mini, save_flux_mini
+from course_lib.exercises.flow import _ref_digit_slant
+from course_lib.exercises import check_digit_slant, check_flux_pack_latents
+from course_lib.flux import caption_digits, ink_mass, slant
+from course_lib.flux import (
+    FluxVelocity, caption_table, generate, latent_ids, make_flux_pipeline, pack_latents,
+    unpack_latents)
+from course_lib.flux import judge_prompt_rate, prompt_digit, train_flux_mini
 
 TINY = FluxMiniConfig(steps=30, vae_steps=10, batch_size=32, warmup_steps=5)
 
@@ -75,7 +77,7 @@ def test_pipeline_is_seeded_and_offline(pipe):
 
 
 def test_our_euler_loop_is_the_pipeline(pipe):
-    "FluxVelocity + course_lib.flow.euler_step on the pipeline's sigmas, true CFG, VAE decode == FluxPipeline."
+    "FluxVelocity + course_lib.flux.flow.euler_step on the pipeline's sigmas, true CFG, VAE decode == FluxPipeline."
     prompts, w, n = ["bold seven", "thin two slanted left"], 2.5, 5
     table, pe, pooled, ids = caption_table(pipe, prompts)
     vel = FluxVelocity(pipe.transformer, pe, pooled, ids)
@@ -191,7 +193,7 @@ def test_quiet_loading_leaves_the_progress_bars_as_it_found_them():
     "A learner who turned the loading bars off keeps them off after a course loader (they were turned back on)."
     from diffusers.utils import logging as dlog
     from transformers.utils import logging as tlog
-    from course_lib.flux_io import quiet_loading
+    from course_lib.flux import quiet_loading
     try:
         for on in (False, True):
             for log in (dlog, tlog): log.enable_progress_bar() if on else log.disable_progress_bar()

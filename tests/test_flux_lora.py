@@ -1,4 +1,4 @@
-"""course_lib.flux_lora (notebook 73) and flux_lora_train (notebook 77): FLUX LoRA training, resume, export in diffusers' format, bad input.
+"""course_lib.flux.lora (notebook 73) and flux_lora_train (notebook 77): FLUX LoRA training, resume, export in diffusers' format, bad input.
 On notebook 72's FluxPipeline, untrained and small (built offline in a second)."""
 import copy, json, threading
 import pytest
@@ -6,12 +6,12 @@ import torch
 from safetensors import safe_open
 
 from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-from course_lib.exercises_flow import check_flux_lora_update, check_svd_rank
-from course_lib.flux_dashboard import FluxLoRADashboard
-from course_lib.flux_lora import corner_rate
-from course_lib.flux_lora_export import load_flux_lora, lora_state, reduce_rank, save_flux_lora
-from course_lib.flux_lora_train import (FluxLoRAConfig, flux_generate, read_concept_folder,
-                                        train_flux_lora, write_corner_folder)
+from course_lib.exercises import check_flux_lora_update, check_svd_rank
+from course_lib.flux import FluxLoRADashboard
+from course_lib.flux import corner_rate
+from course_lib.flux import load_flux_lora, lora_state, reduce_rank, save_flux_lora
+from course_lib.flux import (
+    FluxLoRAConfig, flux_generate, read_concept_folder, train_flux_lora, write_corner_folder)
 
 SMALL = dict(num_layers=1, num_single_layers=1, text_layers=1)
 
@@ -205,7 +205,7 @@ def test_dashboard_headless(base, folder, tmp_path):
 
 
 def test_exercise_checkers(capsys):
-    from course_lib.exercises_flow import _ref_flux_lora_update, _ref_svd_rank
+    from course_lib.exercises.flow import _ref_flux_lora_update, _ref_svd_rank
     assert check_flux_lora_update(_ref_flux_lora_update).passed
     assert check_svd_rank(_ref_svd_rank).passed
     no_scale = lambda x, W, b, A, B, a: x @ W.T + b + x @ A.T @ B.T
@@ -252,7 +252,7 @@ def pick_files(upload, files):
 
 
 def test_uploaded_files_reads_ipywidgets_7_and_8():
-    from course_lib.flux_dashboard import uploaded_files
+    from course_lib.flux import uploaded_files
     v7 = {"a.png": {"metadata": {"name": "a.png", "type": "image/png", "size": 2}, "content": b"ab"}}
     v8 = ({"name": "a.png", "type": "image/png", "size": 2, "content": memoryview(b"ab"),
            "last_modified": 0},)
@@ -285,7 +285,7 @@ def test_dashboard_upload_tabs_and_presets_as_a_user(base, folder, tmp_path, wid
     dash.w["rank"].value = 2
     button["load preset"].click()
     assert dash.w["rank"].value == 5 and dash._settings().rank == 5, dash.status.value
-    from course_lib.flux_dashboard import tab_titles
+    from course_lib.flux import tab_titles
     assert tab_titles(dash.ui) == titles
 
 
@@ -344,8 +344,9 @@ def test_peft_targets_checker_is_peft_own_rule_on_flux(base, capsys):
     "Exercise 1 of lesson 73: the reference is the rule peft applies (single-stream blocks included)."
     import torch.nn as nn
     from peft import LoraConfig, inject_adapter_in_model
-    from course_lib.flux_lora import FLUX_ATTENTION_TARGETS
-    from course_lib.flux_parts import _ref_peft_targets, check_peft_targets
+    from course_lib.flux import FLUX_ATTENTION_TARGETS
+    from course_lib.exercises.flow import _ref_peft_targets
+    from course_lib.exercises import check_peft_targets
     tf = copy.deepcopy(base.transformer)
     names = [n for n, m in tf.named_modules() if isinstance(m, nn.Linear)]
     inject_adapter_in_model(LoraConfig(r=2, target_modules=list(FLUX_ATTENTION_TARGETS)), tf)
@@ -366,9 +367,9 @@ def test_peft_targets_checker_is_peft_own_rule_on_flux(base, capsys):
 def test_cached_flux_lora_trains_once_then_loads_under_the_lesson_key(base, folder, tmp_path,
                                                                       monkeypatch, capsys):
     "Lesson 73's cache plumbing moved behind `cached_flux_lora`: same key as before, trains once, then loads."
-    from course_lib.cache import cache_key
-    from course_lib.flux_lora_train import cached_flux_lora
-    from course_lib.lora_files import base_fingerprint
+    from course_lib.core import cache_key
+    from course_lib.flux import cached_flux_lora
+    from course_lib.lora import base_fingerprint
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path/"home"))
     monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
     c = cfg(steps=5)

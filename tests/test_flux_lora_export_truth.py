@@ -1,4 +1,4 @@
-"""course_lib.flux_lora_export (notebook 76) against peft's and diffusers' own numbers: the exported file
+"""course_lib.flux.lora_export (notebook 76) against peft's and diffusers' own numbers: the exported file
 reloads to each layer's true update (rsLoRA, rank_pattern, alpha_pattern), a reduced one to its truncated
 SVD; files in the other formats diffusers converts (kohya, ComfyUI / BFL, XLabs) pass the check and load to
 the update diffusers' conversion defines; files diffusers cannot convert are refused by name."""
@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-from course_lib.flux_lora_export import check_flux_lora, load_flux_lora, reduce_rank, save_flux_lora
+from course_lib.flux import check_flux_lora, load_flux_lora, reduce_rank, save_flux_lora
 
 SMALL = dict(num_layers=1, num_single_layers=1, text_layers=1)
 TARGETS = ["to_q", "to_k", "to_v", "add_k_proj"]
@@ -79,7 +79,7 @@ def test_export_reloads_each_layers_true_update(base, tmp_path, case):
 
 def test_export_matches_the_reloaded_images(base, tmp_path):
     """The same, end to end: the rsLoRA + patterns adapter exported at its own rank gives the same output."""
-    from course_lib.flux_lora_train import flux_generate
+    from course_lib.flux import flux_generate
     pipe = adapted(base, **CASES["all"])
     fresh = copy.deepcopy(base)
     load_flux_lora(fresh, save_flux_lora(pipe, tmp_path/"a.safetensors", rank=4))
@@ -210,8 +210,8 @@ def test_kohya_text_encoder_keys_renamed_then_checked(base, tmp_path):
 
 def test_add_flux_lora_names_a_target_that_matches_nothing(base):
     """Before, peft adapted the targets that exist and dropped a typo ("to_qq") without a word."""
-    from course_lib.flux_lora import add_flux_lora, check_lora_targets
-    from course_lib.flux_lora_train import FluxLoRAConfig
+    from course_lib.flux import add_flux_lora, check_lora_targets
+    from course_lib.flux import FluxLoRAConfig
     pipe = copy.deepcopy(base)
     with pytest.raises(ValueError, match=r"entries \['to_qq'\] match no Linear layer of the "
                                          r"FluxTransformer2DModel; its Linear layers .*'attn\.to_q'"):

@@ -10,9 +10,9 @@ import torch
 
 from course_lib.ddpm import DDPMConfig, make_scheduler, make_unet, sample
 from course_lib.flux import generate, make_flux_pipeline
-from course_lib.flux_io import FluxMiniConfig
-from course_lib.flux_lora_train import flux_generate
-from course_lib.lora_base import generate as unet_generate
+from course_lib.flux import FluxMiniConfig
+from course_lib.flux import flux_generate
+from course_lib.lora import generate as unet_generate
 
 TINY = FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1)
 BAD_COUNTS = [0, -1, 2.0, True, "4"]
@@ -94,7 +94,7 @@ def test_unit1_sample_refuses_a_zero_batch(unet, v):
 
 @pytest.mark.parametrize("v", [0, -2, 2.0], ids=repr)
 def test_sample_flow_refuses_a_zero_batch(v):
-    from course_lib.flow_training import FlowConfig, make_flow_model, sample_flow
+    from course_lib.flux import FlowConfig, make_flow_model, sample_flow
     cfg = FlowConfig.from_ddpm(DDPMConfig.quick(block_out_channels=(8, 16), norm_num_groups=4))
     m = make_flow_model(cfg).eval()
     m.flow_config = cfg
@@ -126,7 +126,7 @@ def test_studio_generate_refuses_zero(tmp_path):
 @pytest.mark.parametrize("name", ["resolution", "max_sequence_length"])
 def test_flux_lora_config_refuses_zero_for_an_optional_size(name, v):
     "0 used to pass and then read as None (`cfg.resolution or ...`): the default is None, 0 is refused by name."
-    from course_lib.flux_lora_train import FluxLoRAConfig
+    from course_lib.flux import FluxLoRAConfig
     with pytest.raises(ValueError, match=rf"{name} must be None \(the default\) or an int >= 1, got {v!r}"):
         FluxLoRAConfig(**{name: v})
     assert getattr(FluxLoRAConfig(**{name: None}), name) is None

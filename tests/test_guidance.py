@@ -1,11 +1,11 @@
-"""course_lib.guidance: the guided prediction is diffusers' rule, label dropout drops the asked share, the
+"""course_lib.flux.guidance: the guided prediction is diffusers' rule, label dropout drops the asked share, the
 guided UNet runs with unit 1's samplers, and bad input is refused naming the value."""
 import pytest
 import torch
 
 from course_lib.ddpm import DDPMConfig, make_unet
-from course_lib.guidance import (GuidedUNet, cfg_combine, drop_labels, label_dropout_dataset, mean_se,
-                                 sample_guided)
+from course_lib.flux import (
+    GuidedUNet, cfg_combine, drop_labels, label_dropout_dataset, mean_se, sample_guided)
 
 
 def test_cfg_combine_is_diffusers_guider():

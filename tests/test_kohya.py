@@ -1,4 +1,4 @@
-"""course_lib.kohya (notebook 81): LoRA files in kohya's layout for unit 4's UNet and unit 7's FLUX pipeline
+"""course_lib.flux.kohya (notebook 81): LoRA files in kohya's layout for unit 4's UNet and unit 7's FLUX pipeline
 (written, read back, loaded by diffusers' own `load_lora_weights`), and the export options with their
 measured cost (file size, largest output change, concept rate), scaled right for rsLoRA and the patterns.
 Small untrained models with random LoRA weights: seconds each."""
@@ -9,11 +9,12 @@ import torch
 from safetensors import safe_open
 
 from course_lib.flux import FluxMiniConfig, generate, make_flux_pipeline
-from course_lib.flux_lora import add_flux_lora
-from course_lib.flux_lora_export import lora_state, save_flux_lora
-from course_lib.flux_lora_train import FluxLoRAConfig
-from course_lib.kohya import (export_adapter, export_options, flux_concept_judge, load_kohya_lora,
-                              model_output, read_kohya_lora, save_kohya_lora, unet_concept_judge)
+from course_lib.flux import add_flux_lora
+from course_lib.flux import lora_state, save_flux_lora
+from course_lib.flux import FluxLoRAConfig
+from course_lib.flux import (
+    export_adapter, export_options, flux_concept_judge, load_kohya_lora, model_output,
+    read_kohya_lora, save_kohya_lora, unet_concept_judge)
 
 SMALL = dict(num_layers=1, num_single_layers=1, text_layers=1)
 PATTERNS = dict(use_rslora=True, rank_pattern={"to_v": 2}, alpha_pattern={"to_k": 2})
@@ -181,7 +182,7 @@ def test_export_options_measure_size_output_change_and_concept_rate(flux, tmp_pa
 
 
 def test_export_options_for_the_unet_with_its_concept_rate(unet, tmp_path):
-    from course_lib.lora_metrics import concept_report
+    from course_lib.lora import concept_report
     judge = unet_concept_judge(n=8, num_inference_steps=4)
     rows = export_options(unet, "concept", options=[("fp32", None), ("bf16", None), ("fp32", 1)],
                           judge=judge, folder=tmp_path)
@@ -193,7 +194,7 @@ def test_export_options_for_the_unet_with_its_concept_rate(unet, tmp_path):
             assert r["max_output_change"] <= 1e-5 and r["concept_rate"] == rate
         else:
             assert r["max_output_change"] > 0
-    from course_lib.lora_io import read_adapter
+    from course_lib.lora import read_adapter
     t, meta = read_adapter(tmp_path/"concept-diffusers-fp32-r1.safetensors")
     assert meta["rank"] == 1 and meta["alpha"] == 1.0 and not meta["use_rslora"]
     assert list(unet.peft_config) == ["concept"]

@@ -1,40 +1,70 @@
-"""The library's imports run one way: no module of `course_lib` imports (at the top, inside a function, or only
-under `TYPE_CHECKING`) a module that imports it, directly or through others. The import graph is read with `ast`
-from every `course_lib/*.py`: `import course_lib.x`, `import course_lib.x as y`, `from course_lib import x`,
-`from course_lib.x import y`, `from . import x`, `from .x import y`."""
+"""The library's imports run one way. `course_lib` is one subpackage a unit with the course's machinery beside
+them, layered bottom to top as `LAYERS` lists them: `core` and `data` at the bottom, the units in course order
+(unit 3 evaluates unit 1's model, unit 4 adapts it, unit 7's studio parts reuse unit 4's files), then the
+exercises, the course's own machinery (units, run records, the site), the studio and the command line on top.
+
+The import graph is read with `ast` from every module of `course_lib` (a subpackage's `__init__` is the node
+`pkg`, its modules `pkg.mod`), counting every form of import wherever it sits (at the top, inside a function,
+under `TYPE_CHECKING`): `import course_lib.x.y`, `from course_lib.x import y`, `from course_lib import x`,
+`from . import y`, `from ..x.y import z`. The tests fail on a cycle, on an import from a lower subpackage into
+a higher one, and on a module that imports its own subpackage's `__init__` (which imports that module)."""
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "course_lib"
+LAYERS = ["core", "data", "ddpm", "score", "metrics", "lora", "vision", "pile", "flux", "exercises", "course",
+          "studio", "cli"]
 
 
-def imported_modules(source: str, modules: set[str], package: str = "course_lib") -> set[str]:
-    "The modules of `package` (names in `modules`, `__init__` for the package itself) that `source` imports anywhere."
+def module_names(pkg: Path = PKG) -> dict[str, Path]:
+    "`{dotted name: file}` for every module under `pkg`, a subpackage's `__init__.py` named by the subpackage."
+    out = {}
+    for p in sorted(pkg.rglob("*.py")):
+        parts = p.relative_to(pkg).with_suffix("").parts
+        if parts[-1] == "__init__": parts = parts[:-1]
+        if not parts or parts[-1] != "_modidx": out[".".join(parts) or "__init__"] = p
+    return out
+
+
+def _resolve(name: str, modules: set[str]) -> str | None:
+    "The longest prefix of the dotted `name` (inside the package) that is a module, `None` for the package."
+    parts = name.split(".") if name else []
+    while parts:
+        if ".".join(parts) in modules: return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def imported_modules(source: str, me: str, modules: set[str], is_package: bool = False,
+                     package: str = "course_lib") -> set[str]:
+    "The modules of `package` that the module `me` (source `source`) imports anywhere in its code."
+    here = me.split(".") if is_package else me.split(".")[:-1]       # the package `me` sits in
     out = set()
     for n in ast.walk(ast.parse(source)):
         if isinstance(n, ast.Import):
-            names = [a.name for a in n.names]
+            names = [a.name.split(".", 1)[1] for a in n.names if a.name.startswith(package + ".")]
         elif isinstance(n, ast.ImportFrom):
-            base = package + (f".{n.module}" if n.module else "") if n.level else (n.module or "")
-            names = [f"{base}.{a.name}" for a in n.names] if base == package else [base]
+            if n.level:
+                base = ".".join(here[:len(here) - (n.level - 1)] + ([n.module] if n.module else []))
+            elif n.module == package or (n.module or "").startswith(package + "."):
+                base = n.module.split(".", 1)[1] if "." in n.module else ""
+            else:
+                continue
+            names = [".".join(filter(None, [base, a.name])) for a in n.names]
+            names = [x if _resolve(x, modules) == x else base for x in names]
         else:
             continue
-        for parts in (name.split(".") for name in names):
-            if parts[0] == package:           # `course_lib`, or a name of its __init__: the package itself
-                out.add(parts[1] if len(parts) > 1 and parts[1] in modules else "__init__")
+        for x in names:
+            m = _resolve(x, modules)
+            if m and m != me: out.add(m)
     return out
 
 
 def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
-    "`{module: modules of the package it imports}` for every `*.py` in the folder `pkg` (`__init__` included)."
-    files = {p.stem: p for p in sorted(pkg.glob("*.py"))}
-    graph = {m: imported_modules(p.read_text(), set(files) - {"__init__"}, pkg.name) - {m}
-             for m, p in files.items()}
-    if graph.get("__init__"):
-        for m in graph:                      # every submodule import runs the package's __init__ first
-            if m != "__init__":
-                graph[m].add("__init__")
-    return graph
+    "`{module: modules of the package it imports}` for every module under `pkg`."
+    mods = module_names(pkg)
+    return {m: imported_modules(p.read_text(), m, set(mods), p.name == "__init__.py", pkg.name)
+            for m, p in mods.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -84,33 +114,71 @@ def shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     raise AssertionError(f"{sorted(comp)} is not strongly connected")
 
 
+def layer_problems(graph: dict[str, set[str]], layers: list[str] = LAYERS) -> list[str]:
+    """Each import that runs downwards: from a subpackage into one above it in `layers`, or from a module into
+    its own subpackage's `__init__`. A module outside every subpackage (other than `__init__`) is one too."""
+    found = []
+    for m, deps in sorted(graph.items()):
+        top = m.split(".")[0]
+        if m == "__init__": continue
+        if top not in layers:
+            found.append(f"{m} sits in no subpackage of the layers {layers}"); continue
+        for d in sorted(deps):
+            dtop = d.split(".")[0]
+            if d == top and m != top:
+                found.append(f"{m} imports its own subpackage's __init__ ({d}), which imports it")
+            elif dtop in layers and layers.index(dtop) > layers.index(top):
+                found.append(f"{m} ({top}) imports {d} ({dtop}), a higher layer")
+    return found
+
+
 def test_course_lib_imports_run_one_way():
     graph = import_graph()
-    assert len(graph) > 20 and graph["cli"] >= {"units", "run_records"}, graph.get("cli")   # the parser sees imports
+    assert len(graph) > 50 and graph["cli.main"] >= {"course.units", "course.run_records"}, graph.get("cli.main")
     found = cycles(graph)
-    for c in found:
-        print("import cycle: " + " -> ".join(c))
-    assert not found, ("modules of course_lib import each other (a lower layer must not import a higher one, "
-                       "not even inside a function or under TYPE_CHECKING): "
+    assert not found, ("modules of course_lib import each other: "
                        + "; ".join(" -> ".join(c) for c in found))
+    problems = layer_problems(graph)
+    assert not problems, "imports against the layers:\n" + "\n".join(problems)
 
 
-def test_a_made_up_cycle_is_found(tmp_path):
+def test_every_subpackage_is_a_layer():
+    pkgs = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
+    assert sorted(pkgs) == sorted(LAYERS), pkgs
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert top == ["__init__.py", "_modidx.py"], f"modules at the top of course_lib: {top}"
+
+
+def _write(pkg: Path, files: dict[str, str]):
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+
+
+def test_a_made_up_cycle_and_a_downward_import_are_found(tmp_path):
     "Every form of import makes an edge; a cycle through a lazy and a TYPE_CHECKING import is caught."
     pkg = tmp_path / "course_lib"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text('__version__ = "0"\n')
-    (pkg / "low.py").write_text("import os\nfrom .core import x\n"
-                                "def f():\n    from course_lib.high import g     # lazily\n")
-    (pkg / "core.py").write_text("import json\n")
-    (pkg / "mid.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import course_lib.low\n")
-    (pkg / "high.py").write_text("from course_lib import mid\nimport course_lib.core as c\n")
-    (pkg / "side.py").write_text("from . import core\nfrom course_lib.core import json\nimport course_lib\n")
+    _write(pkg, {"__init__.py": '__version__ = "0"\n',
+                 "core/__init__.py": "from .base import x\n", "core/base.py": "import json\nx = 1\n",
+                 "data/__init__.py": "", "data/low.py": "import os\nfrom ..core.base import x\n"
+                                                      "def f():\n    from course_lib.data.high import g  # lazily\n",
+                 "data/mid.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import course_lib.data.low\n",
+                 "data/high.py": "from course_lib.data import mid\nimport course_lib.core.base as c\n",
+                 "data/side.py": "from . import low\nfrom course_lib.core import x\nimport course_lib\n"})
     graph = import_graph(pkg)
-    assert graph == {"__init__": set(), "core": set(), "low": {"core", "high"}, "mid": {"low"},
-                     "high": {"mid", "core"}, "side": {"core", "__init__"}}, graph
-    assert cycles(graph) == [["high", "mid", "low", "high"]]
-    (pkg / "mid.py").write_text("import json\n")           # the TYPE_CHECKING import gone: no cycle
-    assert cycles(import_graph(pkg)) == []
+    assert graph == {"__init__": set(), "core": {"core.base"}, "core.base": set(), "data": set(),
+                     "data.low": {"core.base", "data.high"}, "data.mid": {"data.low"},
+                     "data.high": {"data.mid", "core.base"}, "data.side": {"data.low", "core"}}, graph
+    assert cycles(graph) == [["data.high", "data.low", "data.mid", "data.high"]] or \
+        cycles(graph) == [["data.high", "data.mid", "data.low", "data.high"]]
+    assert layer_problems(graph, ["core", "data"]) == []
+    _write(pkg, {"data/mid.py": "import json\n",                        # the TYPE_CHECKING import gone: no cycle
+                 "core/base.py": "def f():\n    from course_lib.data.side import y\n",   # core reaching up
+                 "data/side.py": "from course_lib.data import y\n"})     # its own __init__
+    graph = import_graph(pkg)
+    assert cycles(graph) == []
+    assert layer_problems(graph, ["core", "data"]) == [
+        "core.base (core) imports data.side (data), a higher layer",
+        "data.side imports its own subpackage's __init__ (data), which imports it"], layer_problems(graph)
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}}) == [["a", "b", "a"],
                                                                                      ["c", "d", "e", "c"]]

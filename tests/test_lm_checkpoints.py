@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from course_lib.bpb import bpb
-from course_lib.lm import TinyGPTConfig, eval_documents, eval_steps, train_tiny_gpt2
+from course_lib.pile import bpb
+from course_lib.pile import TinyGPTConfig, eval_documents, eval_steps, train_tiny_gpt2
 
 TEXTS = ["The Pile is a dataset of diverse text for language modelling. " * 20,
          "def f(x):\n    return x * 2  # code is text too\n" * 30] * 4

@@ -9,12 +9,12 @@ import torch
 import torch.nn as nn
 from PIL import Image
 
-from course_lib.lora import LoRALinear, LoRAConv2d, inject_lora, lora_layers, merge_lora, unmerge_lora, lora_param_count
-from course_lib.lora_base import Augment, BucketBatchSampler, write_concept_folder
-from course_lib.lora_files import copy_lora_to_peft
-from course_lib.lora_metrics import count_parameters
-from course_lib.lora_data import (ConceptDataset, aspect_buckets, assign_bucket, read_captions,
-                                  filename_captioner)
+from course_lib.lora import (
+    LoRALinear, LoRAConv2d, inject_lora, lora_layers, merge_lora, unmerge_lora, lora_param_count)
+from course_lib.lora import Augment, BucketBatchSampler, write_concept_folder
+from course_lib.lora import copy_lora_to_peft
+from course_lib.lora import count_parameters
+from course_lib.lora import ConceptDataset, aspect_buckets, assign_bucket, read_captions, filename_captioner
 
 # folders without caption files are made on purpose below; test_warning_when_no_caption_matches checks the warning
 pytestmark = pytest.mark.filterwarnings("ignore:no caption file")
@@ -213,7 +213,7 @@ def tiny_base():
 
 @pytest.fixture(scope="module")
 def trained(tiny_base, tmp_path_factory):
-    from course_lib.lora_train import LoRATrainConfig, train_lora
+    from course_lib.lora import LoRATrainConfig, train_lora
     tmp = tmp_path_factory.mktemp("lora")
     ds = ConceptDataset(write_concept_folder(tmp / "nines", n=8), size=8)
     model = copy.deepcopy(tiny_base)
@@ -223,7 +223,7 @@ def trained(tiny_base, tmp_path_factory):
 
 
 def test_encode_prompt():
-    from course_lib.lora_base import encode_prompt
+    from course_lib.lora import encode_prompt
     assert encode_prompt("a photo of sks digit") == 9 and encode_prompt("A Photo of SKS") == 9
     assert encode_prompt("digit three") == 3 and encode_prompt("a 7, drawn") == 7
     with pytest.raises(ValueError, match="names no digit"): encode_prompt("a photo of digit nine")
@@ -244,7 +244,7 @@ def test_train_lora_only_trains_the_adapter(tiny_base, trained):
 
 
 def test_peak_memory_counts_live_storages_once(tiny_base, trained):
-    from course_lib.lora_train import PeakMemory
+    from course_lib.lora import PeakMemory
     with PeakMemory() as pm:
         a = torch.zeros(1000)                  # 4000 bytes
         b = torch.ones(500)                    # 2000 bytes
@@ -258,8 +258,8 @@ def test_peak_memory_counts_live_storages_once(tiny_base, trained):
 
 
 def test_dashboard_headless_and_bad_size(tiny_base, trained):
-    from course_lib.lora_train import LoRATrainConfig, train_lora
-    from course_lib.lora_widgets import LoRADashboard
+    from course_lib.lora import LoRATrainConfig, train_lora
+    from course_lib.lora import LoRADashboard
     _, _, ds, tmp = trained
     d = LoRADashboard(tiny_base, ds, LoRATrainConfig(steps=2, batch_size=2, prior_images=0, preview_every=2), headless=True)
     r = d.wait()
@@ -272,8 +272,8 @@ def test_dashboard_headless_and_bad_size(tiny_base, trained):
 
 def test_dashboard_widgets_start_button(tiny_base, trained, widgets):
     "The controls as a user sets them, then the start button: loss curve, preview grid and status filled in."
-    from course_lib.lora_train import LoRATrainConfig
-    from course_lib.lora_widgets import LoRADashboard
+    from course_lib.lora import LoRATrainConfig
+    from course_lib.lora import LoRADashboard
     _, _, ds, _ = trained
     d = LoRADashboard(tiny_base, ds, LoRATrainConfig(prior_images=0), headless=False, autostart=False)
     assert isinstance(d.ui, widgets.HBox) and d.button.description == "start"
@@ -286,8 +286,8 @@ def test_dashboard_widgets_start_button(tiny_base, trained, widgets):
 
 
 def test_adapter_roundtrip_and_seeded_generation(tiny_base, trained):
-    from course_lib.lora_io import save_adapter, load_adapter, read_adapter, set_adapters
-    from course_lib.lora_base import generate
+    from course_lib.lora import save_adapter, load_adapter, read_adapter, set_adapters
+    from course_lib.lora import generate
     model, res, ds, tmp = trained
     path = save_adapter(model, tmp / "a.safetensors", "concept", base_model="tiny", trigger="sks",
                         training_config=res.config, dataset=ds.summary())
@@ -309,9 +309,10 @@ def test_adapter_roundtrip_and_seeded_generation(tiny_base, trained):
 
 
 def test_switch_blend_merge(tiny_base, trained):
-    from course_lib.lora import (set_adapters, active_adapters, merge_adapters, unmerge_adapters, adapter_names,
-                                 remove_adapter)
-    from course_lib.lora_io import save_adapter, load_adapter
+    from course_lib.lora import (
+        set_adapters, active_adapters, merge_adapters, unmerge_adapters, adapter_names,
+        remove_adapter)
+    from course_lib.lora import save_adapter, load_adapter
     model, res, ds, tmp = trained
     path = save_adapter(model, tmp / "b.safetensors", "concept")
     m = copy.deepcopy(tiny_base)
@@ -343,8 +344,8 @@ def test_switch_blend_merge(tiny_base, trained):
 
 def test_adapter_files_bad_input(tiny_base, trained, monkeypatch):
     from safetensors.torch import save_file, load_file
-    from course_lib.lora_io import save_adapter, load_adapter, read_adapter
-    from course_lib.lora_command import lora_main
+    from course_lib.lora import save_adapter, load_adapter, read_adapter
+    from course_lib.lora import lora_main
     model, res, ds, tmp = trained
     good = save_adapter(model, tmp / "good.safetensors", "concept", trigger="sks")
     t, meta = read_adapter(good)

@@ -9,10 +9,10 @@ import torch
 
 from course_lib.ddpm import DDPMConfig, make_unet
 from course_lib.lora import add_lora
-from course_lib.lora_train import LoRATrainConfig
-from course_lib.lora_checks import check_target_modules
+from course_lib.lora import LoRATrainConfig
+from course_lib.lora import check_target_modules
 from course_lib.lora import active_adapters
-from course_lib.lora_io import save_adapter, load_adapter, read_adapter, set_adapters
+from course_lib.lora import save_adapter, load_adapter, read_adapter, set_adapters
 
 CFG = DDPMConfig.quick(block_out_channels=(8, 16), norm_num_groups=4, num_classes=10)
 
@@ -117,7 +117,7 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict):
 
 def test_non_string_metadata_is_named(tmp_path):
     p = write_safetensors(tmp_path / "x.safetensors", {"a.lora_A.weight": torch.zeros(4, 8)},
-                          {"format": "course_lib.lora/1", "rank": 4})
+                          {"format": "course_lib.lora.layers/1", "rank": 4})
     with pytest.raises(ValueError, match=r"metadata 'rank' is a int \(4\).*strings to strings"):
         read_adapter(p)
 
@@ -128,7 +128,7 @@ def test_other_tools_files_are_recognised(tmp_path):
         {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": torch.zeros(4, 8),
          "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": torch.zeros(8, 4)},
         {"ss_network_dim": "4", "ss_network_alpha": "1.0"})
-    with pytest.raises(ValueError, match=r"kohya-ss \(sd-scripts\) LoRA.*ss_network_dim.*course_lib.lora/1"):
+    with pytest.raises(ValueError, match=r"kohya-ss \(sd-scripts\) LoRA.*ss_network_dim.*course_lib.lora.layers/1"):
         load_adapter(tiny_unet(), kohya)
     diffusers = write_safetensors(tmp_path / "d.safetensors",
                                   {"unet.mid_block.attentions.0.to_q.lora_A.weight": torch.zeros(4, 8)}, {})
@@ -150,14 +150,14 @@ def test_any_legal_file_name_loads(tmp_path):
 
 def test_course_lora_generate_takes_any_legal_file_name(tmp_path):
     "`--adapter style.v2.safetensors` failed with a KeyError (peft adapter names cannot hold '.')."
-    from course_lib.lora_base import base_config, load_base
+    from course_lib.lora import base_config, load_base
     base = load_base(base_config(2), progress=False)                 # a 2-step base: cached, seconds to train
     add_lora(base, 2, adapter_name="concept")
     randomise_lora(base)
     a = save_adapter(base, tmp_path / "a" / "style.v2.safetensors", "concept")
     b = save_adapter(base, tmp_path / "b" / "style.v2.safetensors", "concept")
     out = tmp_path / "grid.png"
-    r = subprocess.run([sys.executable, "-m", "course_lib.cli", "lora", "generate", "a photo of a 3", str(out),
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli.main", "lora", "generate", "a photo of a 3", str(out),
                         "--adapter", str(a), "--adapter", f"{b}=0.5", "--n", "2", "--steps", "2",
                         "--base-steps", "2"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert r.returncode == 0, r.stderr[-2000:]
@@ -187,11 +187,11 @@ def test_adding_an_adapter_under_a_taken_name_is_refused():
 
 def test_course_lora_generate_on_another_base_names_the_flag(tmp_path):
     "The message advised check_base=False, which the command line has no way to pass."
-    from course_lib.lora_base import base_config, load_base
+    from course_lib.lora import base_config, load_base
     base = load_base(base_config(2), progress=False)
     add_lora(base, 2, adapter_name="concept")
     a = save_adapter(base, tmp_path / "a.safetensors", "concept")
-    r = subprocess.run([sys.executable, "-m", "course_lib.cli", "lora", "generate", "a photo of a 3",
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli.main", "lora", "generate", "a photo of a 3",
                         str(tmp_path / "g.png"), "--adapter", str(a), "--n", "1", "--steps", "2",
                         "--base-steps", "3"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert r.returncode == 2 and "pass the --base-steps the adapter was trained with" in r.stderr, r.stderr

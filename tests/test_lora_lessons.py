@@ -7,8 +7,8 @@ import nbformat
 
 from course_lib.ddpm import make_unet
 from course_lib.lora import LORA_TARGETS, add_lora
-from course_lib.lora_base import base_config
-from course_lib.lora_metrics import count_parameters
+from course_lib.lora import base_config
+from course_lib.lora import count_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 from course_lib.data import Digits
-from course_lib.isc_kid import inception_score
-from course_lib.fid_command import fid_main
+from course_lib.metrics import inception_score
+from course_lib.cli import fid_main
 from course_lib.metrics import as_uint8_images, evaluate
 
 

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.frechet import (FD_METHODS, FewSamplesWarning, check_features, feature_statistics, fid_from_features,
-                                fid_infinity, frechet_distance)
-from course_lib.isc_kid import inception_score, kid
-from course_lib import metrics, metrics_io
-from course_lib.fid_command import fid_main
+from course_lib.metrics import (
+    FD_METHODS, FewSamplesWarning, check_features, feature_statistics, fid_from_features,
+    fid_infinity, frechet_distance)
+from course_lib.metrics import inception_score, kid
+from course_lib.metrics import fidelity as metrics, metrics_io
+from course_lib.cli import fid_main
 
 import torch_fidelity.metric_fid as tf_fid
 from torch_fidelity.metric_isc import isc_features_to_metric

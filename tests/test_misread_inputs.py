@@ -8,8 +8,8 @@ import pytest
 import zstandard
 from PIL import Image
 
-from course_lib.jsonl_zst import PileFormatError, read_jsonl_zst
-from course_lib.pile_command import pile_main
+from course_lib.pile import PileFormatError, read_jsonl_zst
+from course_lib.pile import pile_main
 
 RECORDS = [{"text": f"record {i}: the quick brown fox jumps over the lazy dog {i % 7}",
             "meta": {"pile_set_name": "A" if i % 2 else "B"}} for i in range(400)]
@@ -40,7 +40,7 @@ def test_a_dictionary_frame_names_the_dictionary_it_needs(zdict):
 
 
 def test_reading_with_the_dictionary_works(zdict):
-    from course_lib.pile_corpus import load_corpus
+    from course_lib.pile import load_corpus
     d, dict_file, did, shard = zdict
     for threaded in (True, False):
         got = list(read_jsonl_zst(shard, dict_data=dict_file.read_bytes(), threaded=threaded))
@@ -82,7 +82,7 @@ def test_course_pile_stats_takes_a_zstd_dictionary(zdict, tmp_path):
 
 
 def test_course_bpb_takes_a_zstd_dictionary(zdict, tmp_path, capsys):
-    from course_lib.bpb_command import bpb_main
+    from course_lib.pile import bpb_main
     from test_bpb_inputs import tiny as tiny_fixture   # a random GPT-2 with 32 positions
     model, tok, m = tiny_fixture.__wrapped__(tmp_path_factory=_Factory(tmp_path))
     d, dict_file, did, shard = zdict
@@ -116,7 +116,7 @@ def test_course_pile_clean_takes_a_zstd_dictionary(zdict, tmp_path):
 
 
 def test_an_adapter_path_with_an_equals_sign_is_a_path(tmp_path, monkeypatch):
-    from course_lib.lora_command import parse_adapter_spec
+    from course_lib.lora import parse_adapter_spec
     monkeypatch.chdir(tmp_path)
     (tmp_path/"lr=3e-3").mkdir()
     (tmp_path/"lr=3e-3"/"a.safetensors").write_bytes(b"")
@@ -143,7 +143,7 @@ def test_a_folder_named_like_a_reference_set_is_refused(tmp_path, monkeypatch):
 
 
 def test_course_fid_refuses_a_folder_named_like_a_reference_set(tmp_path, monkeypatch):
-    from course_lib.fid_command import fid_main
+    from course_lib.cli import fid_main
     monkeypatch.chdir(tmp_path)
     write_pngs(tmp_path/"digits-valid")
     out, err = io.StringIO(), io.StringIO()
@@ -159,7 +159,7 @@ def test_decontaminate_refuses_a_folder_named_like_a_split(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     src = tmp_path/"in"
     src.mkdir()
-    from course_lib.jsonl_zst import write_jsonl_zst
+    from course_lib.pile import write_jsonl_zst
     write_jsonl_zst(src/"a.jsonl.zst", RECORDS[:3])
     (tmp_path/"val").mkdir()
     rc, out, err = run_pile(["clean", src, tmp_path/"out", "--decontaminate", "val"])
@@ -173,7 +173,7 @@ def test_decontaminate_refuses_a_folder_named_like_a_split(tmp_path, monkeypatch
 
 def test_clean_reads_the_decontamination_set_with_the_dictionary(zdict, tmp_path):
     pytest.importorskip("datatrove")
-    from course_lib.jsonl_zst import write_jsonl_zst
+    from course_lib.pile import write_jsonl_zst
     d, dict_file, did, shard = zdict
     src, plain = tmp_path/"in", tmp_path/"plain"
     src.mkdir(), plain.mkdir()
@@ -192,7 +192,7 @@ def test_clean_reads_the_decontamination_set_with_the_dictionary(zdict, tmp_path
 
 
 def test_a_file_that_is_no_zstd_dictionary_is_refused(zdict, tmp_path):
-    from course_lib.zstd_stream import as_zstd_dict
+    from course_lib.pile import as_zstd_dict
     d, dict_file, did, shard = zdict
     (tmp_path/"empty.dict").write_bytes(b"")
     (tmp_path/"page.dict").write_text("<!DOCTYPE html><html><body>Not found</body></html>")
@@ -243,7 +243,7 @@ def test_a_needed_dictionary_is_a_usage_error(zdict, tmp_path, capsys):
 
 
 def test_decontaminate_refuses_each_split_name_that_is_a_folder(tmp_path, monkeypatch, capsys):
-    import course_lib.pile_command as pc
+    import course_lib.pile.mini as pc
     def no_mini_pile(*a, **k): raise AssertionError("the mini-Pile was used")
     monkeypatch.setattr(pc, "mini_pile", no_mini_pile)
     monkeypatch.chdir(tmp_path)
@@ -258,7 +258,7 @@ def test_decontaminate_refuses_each_split_name_that_is_a_folder(tmp_path, monkey
 # the cache path, and an adapter spec with '=' that names no file says so first.
 
 def test_course_fid_ref_name_beside_a_folder_of_that_name(tmp_path, monkeypatch):
-    from course_lib.fid_command import fid_main
+    from course_lib.cli import fid_main
     monkeypatch.chdir(tmp_path)
     write_pngs(tmp_path/"digits-valid")
     out, err = io.StringIO(), io.StringIO()
@@ -269,7 +269,7 @@ def test_course_fid_ref_name_beside_a_folder_of_that_name(tmp_path, monkeypatch)
 
 
 def test_an_adapter_spec_with_equals_that_names_no_file(tmp_path, monkeypatch):
-    from course_lib.lora_command import parse_adapter_spec
+    from course_lib.lora import parse_adapter_spec
     monkeypatch.chdir(tmp_path)
     (tmp_path/"lr=3e-3").mkdir()
     with pytest.raises(ValueError) as e:
@@ -286,7 +286,7 @@ def test_flow_grid_with_an_extreme_mu(monkeypatch):
     "FLUX's dynamic shift for any finite mu: no OverflowError, times in [0, 1], still diffusers'."
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from course_lib.flow import flow_grid
+    from course_lib.flux import flow_grid
     for mu in (800.0, -800.0, 1e300):
         g = flow_grid(4, mu=mu)
         assert torch.isfinite(g).all() and (g >= 0).all() and (g <= 1).all(), (mu, g)

@@ -14,12 +14,14 @@ import pytest
 from pyflakes import api as flakes_api, messages as flakes_messages
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = sorted(p.stem for p in (ROOT / "course_lib").glob("*.py") if p.stem != "__init__")
+# every module as a dotted name (`core.cache`; a subpackage's `__init__` as the subpackage, `core`)
+MODULES = sorted(".".join(p.relative_to(ROOT / "course_lib").with_suffix("").parts).removesuffix(".__init__")
+                 for p in (ROOT / "course_lib").rglob("*.py") if p.parent != ROOT / "course_lib")
 NOTEBOOKS = sorted((ROOT / "nbs").glob("*.ipynb")) + sorted((ROOT / "templates").glob("*.ipynb"))
 # nbdev 1 wrote directives as `# export`, `#export`, `# default_exp x`, `# hide`; nbdev 2 reads only `#| ...`
 NBDEV1_DIRECTIVE = re.compile(
     r"^\s*#\s*(export|exports|exporti|default_exp|hide|hide_input|hide_output|collapse_\w+)\b.*$", re.M)
-CELL_HEADER = re.compile(r"^# %% \.\./nbs/(\S+\.ipynb) #(\w+)")
+CELL_HEADER = re.compile(r"^# %% (?:\.\./)+nbs/(\S+\.ipynb) #(\w+)")
 
 
 class _Collect:
@@ -44,7 +46,7 @@ def module_problems(lib: Path) -> list[str]:
     a later notebook that exports into the same module (each notebook must run alone, so each imports what it
     uses)."""
     found = []
-    for path in sorted(lib.glob("*.py")):
+    for path in sorted(lib.rglob("*.py")):
         if path.name == "_modidx.py": continue
         rep = _Collect()
         flakes_api.checkPath(str(path), rep)
@@ -56,7 +58,7 @@ def module_problems(lib: Path) -> list[str]:
                 first = _cell_of(lines, int(m.message_args[1]))
                 if first.split(" #")[0] != where.split(" #")[0]: continue
             text = m.message % m.message_args
-            found.append(f"{path.name}:{m.lineno}: {text}  (from nbs/{where})")
+            found.append(f"{path.relative_to(lib).as_posix()}:{m.lineno}: {text}  (from nbs/{where})")
     return found
 
 
@@ -164,7 +166,8 @@ def _module_all(module: str) -> set[str]:
     "The names in `__all__` of a course_lib module, read from its source (other modules: every name)."
     import ast
     if not module.startswith("course_lib."): return _EVERYTHING
-    path = ROOT / "course_lib" / (module.split(".", 1)[1] + ".py")
+    path = ROOT / "course_lib" / (module.split(".", 1)[1].replace(".", "/") + ".py")
+    if not path.is_file(): path = path.with_suffix("") / "__init__.py"      # a subpackage
     if not path.is_file(): return set()
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):

@@ -11,9 +11,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.cli import load_unit, drop_flagged_cells, SKIP_FLAGS, notebook_parameters
+from course_lib.course import load_unit, drop_flagged_cells, SKIP_FLAGS, notebook_parameters
 from course_lib.core import read_results
-from course_lib.run_records import BAR, check_bars, eval_bound, unit_bars
+from course_lib.course import BAR, check_bars, eval_bound, unit_bars
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS, BROKEN = [], []
@@ -25,7 +25,7 @@ CASES = [(u, nb) for u in UNITS for nb in u.notebooks]
 # The quick-profile budget is 2 minutes a notebook on 2 idle cores; the limit here is looser (CI machines are
 # shared and two notebooks run at once) so that only a notebook far over budget fails.
 BUDGET = int(os.environ.get("COURSE_LIB_NB_BUDGET", "360"))
-# Lesson notebooks run under the device probe (tests/test_device_probe.py, course_lib.device_probe): the models
+# Lesson notebooks run under the device probe (tests/test_device_probe.py, course_lib.core.device_probe): the models
 # sit on a stand-in CUDA device with CUDA's device rules and CPU values, so a cell that mixes a CPU tensor with
 # the model fails here as on a learner's GPU, and the checked outputs still compare (the values are the CPU's).
 # COURSE_LIB_NB_PROBE=off runs them on the plain CPU; =mps stands in for an Apple GPU (no float64).
@@ -110,7 +110,7 @@ def failure_reason(out: str, nb_name: str, slug: str) -> str:
 
 
 # --- the quality bars of a unit: [bars.<profile>."<notebook stem>"] name = "<op> <expression>" -------------------
-# (course_lib.run_records: `course run` checks them too, and the README tables count them)
+# (course_lib.course.run_records: `course run` checks them too, and the README tables count them)
 
 
 @pytest.mark.parametrize("unit,nb", CASES, ids=[f"{u.name}/{nb.name}" for u, nb in CASES])

@@ -1,15 +1,16 @@
-"""course_lib.pile: the Pile's jsonl.zst format (against lm_dataformat, the Pile's own reader/writer), bad input,
+"""course_lib.pile.format: the Pile's jsonl.zst format (against lm_dataformat, the Pile's own reader/writer), bad input,
 Table 1 of the Pile paper, the mini-Pile builder and the `course pile` command."""
 import io, json, random, sys
 
 import pytest
 import zstandard
 
-from course_lib.jsonl_zst import CorruptStreamError, PileFormatError, ReadStats, read_jsonl_zst, write_jsonl_zst
-from course_lib.pile import (PILE_TABLE1, PILE_RAW_GIB, PILE_EFFECTIVE_GIB, count_subsets, composition_table,
-                             filter_subsets, split_of, SPLITS, MINI_PILE_SUBSETS)
-from course_lib.pile_corpus import load_corpus
-from course_lib.pile_command import build_mini_pile, pile_main
+from course_lib.pile import CorruptStreamError, PileFormatError, ReadStats, read_jsonl_zst, write_jsonl_zst
+from course_lib.pile import (
+    PILE_TABLE1, PILE_RAW_GIB, PILE_EFFECTIVE_GIB, count_subsets, composition_table, filter_subsets,
+    split_of, SPLITS, MINI_PILE_SUBSETS)
+from course_lib.pile import load_corpus
+from course_lib.pile import build_mini_pile, pile_main
 
 RECORDS = [
     {"text": "héllo wörld ✓ 你好 🙂", "meta": {"pile_set_name": "Pile-CC"}},
@@ -211,7 +212,7 @@ def _frames_of_every_kind():
 
 
 def test_complete_files_take_the_fast_path(tmp_path, monkeypatch):
-    import course_lib.jsonl_zst as P   # the reader's module: where it looks the careful path up
+    import course_lib.pile.jsonl_zst as P   # the reader's module: where it looks the careful path up
     frames = _frames_of_every_kind()
     full = zstandard.ZstdDecompressor().stream_reader(b"".join(frames), read_across_frames=True).read()
     want = [json.loads(l) for l in full.split(b"\n") if l.strip()]
@@ -329,9 +330,9 @@ def test_cli_stats_processes(tmp_path, capsys):
 
 
 def _stats_in_child(path, errors, *args):
-    "Stands in for `_stats_one` in a worker: what the worker's `course_lib.pile_command` holds, and its pid."
+    "Stands in for `_stats_one` in a worker: what the worker's `course_lib.pile.mini` holds, and its pid."
     import os, sys
-    return getattr(sys.modules["course_lib.pile_command"], "_TEST_MARK", None), os.getpid()
+    return getattr(sys.modules["course_lib.pile.mini"], "_TEST_MARK", None), os.getpid()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is the start method on Linux only")
@@ -339,7 +340,7 @@ def test_stats_processes_are_forked_whatever_the_default(tmp_path, monkeypatch):
     """`course pile stats --processes 2` forks its workers on Linux (copies of this process, nothing imported again)
     even where the default start method is forkserver, as it is from Python 3.14 on."""
     import multiprocessing, os
-    import course_lib.pile_command as pc
+    import course_lib.pile.mini as pc
     monkeypatch.setattr(pc, "_TEST_MARK", "set in the parent", raising=False)
     monkeypatch.setattr(pc, "_stats_one", _stats_in_child)
     tasks = [str(write_and_path(tmp_path / f"{i}.jsonl.zst")) for i in range(2)]

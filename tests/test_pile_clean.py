@@ -1,4 +1,4 @@
-"""course_lib.pile_clean against exact answers and the professional libraries (nbs/69_pile_clean.ipynb).
+"""course_lib.pile.clean against exact answers and the professional libraries (nbs/69_pile_clean.ipynb).
 
 Documents: the mini-Pile (`mini_pile(0.5)`, built in about 2 s into the test cache), its train, val and test
 splits, plus near-duplicates made from them by replacing a fraction of their words. Each test states the
@@ -11,12 +11,13 @@ import re
 import numpy as np
 import pytest
 
-from course_lib.jsonl_zst import read_jsonl_zst
-from course_lib.pile_clean import (EMPTY_HASH, GOPHER_RULES, MERSENNE_PRIME, Decontaminator, MinHasher,
-                                   RemovalLog, _affine_mod_p, _buckets, exact_dedup, exact_jaccard, gopher_reasons,
-                                   lsh_params, minhash_jaccard, near_duplicates, ngram_set, normalize_text,
-                                   shingle_hashes, text_hash, word_ngrams)
-from course_lib.pile_command import mini_pile
+from course_lib.pile import read_jsonl_zst
+from course_lib.pile import (
+    EMPTY_HASH, GOPHER_RULES, MERSENNE_PRIME, Decontaminator, MinHasher, RemovalLog, exact_dedup,
+    exact_jaccard, gopher_reasons, lsh_params, minhash_jaccard, near_duplicates, ngram_set,
+    normalize_text, shingle_hashes, text_hash, word_ngrams)
+from course_lib.pile.clean import _affine_mod_p, _buckets
+from course_lib.pile import mini_pile
 
 
 @pytest.fixture(scope="module")

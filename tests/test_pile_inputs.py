@@ -1,4 +1,4 @@
-"""course_lib.pile on inputs off the lesson's path (issue 17, kinds 1 and 2): valid files that must
+"""course_lib.pile.format on inputs off the lesson's path (issue 17, kinds 1 and 2): valid files that must
 be read (long-window zstd, a byte-order mark, list texts, .json.zst shards, big integers), damage
 that must be reported (checksums), errors that must cross process boundaries, and names of subsets
 that are not strings."""
@@ -9,12 +9,12 @@ import pytest
 import zstandard
 
 import course_lib
-import course_lib.pile_command
-from course_lib.jsonl_zst import (CorruptStreamError, PileFormatError, ReadStats, read_jsonl_zst,
-                                  write_jsonl_zst)
+import course_lib.pile.mini
+from course_lib.pile import CorruptStreamError, PileFormatError, ReadStats, read_jsonl_zst, write_jsonl_zst
 from course_lib.pile import count_subsets, filter_subsets, pile_set_name
-from course_lib.pile_corpus import load_corpus
-from course_lib.pile_command import _stats_one, pile_main
+from course_lib.pile import load_corpus
+from course_lib.pile.mini import _stats_one
+from course_lib.pile import pile_main
 
 LINES = [{"text": f"record {i} " + "abc " * 50, "meta": {"pile_set_name": "Github", "i": i}}
          for i in range(200)]
@@ -244,7 +244,7 @@ def test_every_library_exception_survives_pickling(name):
 
 def test_the_library_has_the_exception_classes_this_test_expects():
     names = set(library_exception_classes())
-    assert {"course_lib.jsonl_zst.PileFormatError", "course_lib.jsonl_zst.CorruptStreamError"} <= names
+    assert {"course_lib.pile.jsonl_zst.PileFormatError", "course_lib.pile.jsonl_zst.CorruptStreamError"} <= names
 
 
 def test_bad_line_in_a_worker_process_reaches_the_parent(tmp_path, capsys):
@@ -269,7 +269,7 @@ def _die(*args):
 def test_a_dead_worker_is_reported(tmp_path, capsys, monkeypatch):
     for i in range(2):
         write_jsonl_zst(tmp_path / f"s{i}.jsonl.zst", LINES[:2])
-    monkeypatch.setattr(course_lib.pile_command, "_stats_one", _die)   # the forked workers run this
+    monkeypatch.setattr(course_lib.pile.mini, "_stats_one", _die)   # the forked workers run this
     rc, out, err = run_cli(["stats", str(tmp_path), "--processes", "2"], capsys)
     assert rc == 1 and "a worker process died" in err and "Traceback" not in err
 
@@ -313,7 +313,7 @@ def test_text_files_lose_their_byte_order_mark(tmp_path):
 
 def test_nan_and_infinity_in_meta_are_refused_not_written_as_null(tmp_path):
     "orjson writes NaN as null: the value would come back as None, silently."
-    from course_lib.jsonl_zst import write_jsonl_zst
+    from course_lib.pile import write_jsonl_zst
     for meta, where in [({"v": float("nan")}, r"meta\['v'\] = nan"),
                         ({"big": 2 ** 100, "w": [1.0, float("inf")]}, r"meta\['w'\]\[1\] = inf")]:
         with pytest.raises(TypeError, match=rf"record 1 cannot be written as JSON: .*{where}"):

@@ -1,4 +1,4 @@
-"""course_lib.pile_pipeline (datatrove) and `course pile clean`: reader formats and error policy,
+"""course_lib.pile.pipeline (datatrove) and `course pile clean`: reader formats and error policy,
 accounting that adds up, dedup across tasks, resume after a kill, the executor swap to Ray, the CLI."""
 import gzip, json, os, random, re, signal, subprocess, sys, textwrap, time
 from collections import Counter
@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("datatrove")
-from course_lib.jsonl_zst import PileFormatError, read_jsonl_zst, write_jsonl_zst
-from course_lib.pile_clean import exact_dedup, exact_jaccard, gopher_reasons, text_hash
-from course_lib.pile_command import pile_main
-from course_lib.pile_pipeline import (DecontaminationFilter, PileReader, clean_pipeline,
-                                      clean_report, read_removals, run_clean, run_pipeline)
+from course_lib.pile import PileFormatError, read_jsonl_zst, write_jsonl_zst
+from course_lib.pile import exact_dedup, exact_jaccard, gopher_reasons, text_hash
+from course_lib.pile import pile_main
+from course_lib.pile import (
+    DecontaminationFilter, PileReader, clean_pipeline, clean_report, read_removals, run_clean,
+    run_pipeline)
 
 WORDS = ("the of and to in that with for was on by be this from have are which its their river "
          "stone garden window letter morning village engine market winter music paper quiet bright "
@@ -145,7 +146,7 @@ def test_minhash_dedup_removes_near_duplicates_across_shards(tmp_path):
 
 RESUME_SCRIPT = textwrap.dedent("""
     import sys
-    from course_lib.pile_pipeline import run_clean
+    from course_lib.pile import run_clean
     run_clean(sys.argv[1], sys.argv[2], dedup="exact", drop_subsets=["Enron Emails"], tasks=6)
 """)
 
@@ -253,7 +254,7 @@ def test_local_workers_are_forked_copies(tmp_path, monkeypatch):
     """On Linux the local executor's workers start as copies of this process (fork): they see what
     this process holds, and import nothing again (with datatrove's default fork server, every worker
     of every stage imported datatrove and this module again)."""
-    import course_lib.pile_pipeline as pp
+    import course_lib.pile.pipeline as pp
     from datatrove.pipeline.base import PipelineStep
 
     class Mark(PipelineStep):
@@ -262,7 +263,7 @@ def test_local_workers_are_forked_copies(tmp_path, monkeypatch):
             super().__init__()
             self.folder = str(folder)
         def run(self, data=None, rank=0, world_size=1):
-            import course_lib.pile_pipeline as m
+            import course_lib.pile.pipeline as m
             Path(self.folder, f"{rank}.json").write_text(json.dumps(
                 {"pid": os.getpid(), "mark": getattr(m, "_TEST_MARK", None)}))
             yield from data or ()
@@ -280,7 +281,7 @@ def test_quiet_workers_print_nothing_whatever_the_start_method(tmp_path, capfd, 
     """`quiet` (run_clean's default) keeps datatrove's log off stderr in workers that are not forked
     copies of this process too: forkserver (macOS) and spawn (Windows) workers do not inherit this
     process's redirected stderr. The output is the forked run's."""
-    import course_lib.pile_pipeline as pp
+    import course_lib.pile.pipeline as pp
     d = corpus(tmp_path, shards=2, per=6, seed=3)
     run_clean(d, tmp_path/"fork", dedup="exact", tasks=2, workers=2)
     capfd.readouterr()

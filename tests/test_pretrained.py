@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import course_lib.classifier, course_lib.ddpm_training, course_lib.langevin, course_lib.lm, course_lib.vision_transfer
-import course_lib.ddpm, course_lib.lora_train   # imported before a test patches a trainer (they bind its names)
-import course_lib.flow, course_lib.flux, course_lib.flow_training, course_lib.flux_train
+import course_lib.ddpm.classifier, course_lib.ddpm.training, course_lib.score.langevin, course_lib.pile.lm, course_lib.vision.transfer
+import course_lib.ddpm.schedulers, course_lib.lora.train   # imported before a test patches a trainer (they bind its names)
+import course_lib.flux.flow, course_lib.flux.mini, course_lib.flux.flow_training, course_lib.flux.train
 from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,20 +47,20 @@ def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("COURSE_LIB_NO_PRETRAINED", raising=False)
     def no_training(*a, **kw): raise AssertionError("trained instead of loading the shipped model")
-    for mod, name in [(course_lib.ddpm_training, "train_ddpm"), (course_lib.classifier, "train_digits_classifier"),
-                      (course_lib.vision_transfer, "finetune"), (course_lib.lm, "train_tiny_gpt2"),
-                      (course_lib.langevin, "train_ncsn"), (course_lib.flow_training, "train_flow"),
-                      (course_lib.flux_train, "train_flux_mini")]:
+    for mod, name in [(course_lib.ddpm.training, "train_ddpm"), (course_lib.ddpm.classifier, "train_digits_classifier"),
+                      (course_lib.vision.transfer, "finetune"), (course_lib.pile.lm, "train_tiny_gpt2"),
+                      (course_lib.score.langevin, "train_ncsn"), (course_lib.flux.flow_training, "train_flow"),
+                      (course_lib.flux.train, "train_flux_mini")]:
         monkeypatch.setattr(mod, name, no_training)
     return tmp_path / "home"
 
 
 def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
-    from course_lib.classifier import ClassifierConfig, load_digits_classifier
+    from course_lib.ddpm import ClassifierConfig, load_digits_classifier
     from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
-    from course_lib.lm import TinyGPTConfig, tiny_gpt2
-    from course_lib.lora_base import base_config, load_base
-    from course_lib.vision_transfer import pretrained_source_model
+    from course_lib.pile import TinyGPTConfig, tiny_gpt2
+    from course_lib.lora import base_config, load_base
+    from course_lib.vision import pretrained_source_model
     figures = {m["kind"] + m["call"]: m["figures"] for m in PROV["models"].values()}
     clf = load_digits_classifier(config=ClassifierConfig())
     assert clf.valid_acc == pytest.approx(figures["classifier" + "load_digits_classifier(config=ClassifierConfig())"]
@@ -70,12 +70,12 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
         assert model.history["loss"] and torch.isfinite(next(model.parameters())).all()
     for name, aug in (("course_resnet_32", "d4"), ("course_vit_32", "d4"), ("course_resnet_32", "none")):
         assert pretrained_source_model(name, steps=1000, label_augment=aug).is_file()
-    from course_lib.langevin import NCSNConfig, load_ncsn
+    from course_lib.score import NCSNConfig, load_ncsn
     ncsn = load_ncsn(NCSNConfig())                        # notebook 21's digits NCSN (3,000 steps)
     assert sum(p.numel() for p in ncsn.parameters()) > 1e6 and not ncsn.training
-    from course_lib.flow_training import FlowConfig, load_pretrained_flow
-    from course_lib.flux_io import FluxMiniConfig
-    from course_lib.flux_train import load_flux_mini
+    from course_lib.flux import FlowConfig, load_pretrained_flow
+    from course_lib.flux import FluxMiniConfig
+    from course_lib.flux import load_flux_mini
     flow = load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()), progress=False)    # lesson 71, quick
     assert flow.history["loss"] and not flow.training
     pipe = load_flux_mini(FluxMiniConfig.quick(), progress=False)                            # lessons 72, 73, quick
@@ -86,7 +86,7 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
 
 
 def test_no_shipped_model_when_turned_off(empty_cache, monkeypatch):
-    from course_lib.classifier import ClassifierConfig, load_digits_classifier
+    from course_lib.ddpm import ClassifierConfig, load_digits_classifier
     monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
     with pytest.raises(AssertionError, match="trained instead of loading"):
         load_digits_classifier(config=ClassifierConfig())
@@ -94,7 +94,7 @@ def test_no_shipped_model_when_turned_off(empty_cache, monkeypatch):
 
 def test_ddpm_is_cached_says_whether_the_loader_trains(empty_cache, monkeypatch):
     "Lessons 11 and 13 warn before training from `ddpm_is_cached`: True exactly where loading will not train."
-    from course_lib.ddpm_training import DDPMConfig, ddpm_is_cached, load_pretrained_ddpm
+    from course_lib.ddpm import DDPMConfig, ddpm_is_cached, load_pretrained_ddpm
     assert ddpm_is_cached(DDPMConfig()) and ddpm_is_cached(DDPMConfig.quick())     # shipped
     assert not ddpm_is_cached(DDPMConfig.quick(steps=7))                            # would train
     with pytest.raises(AssertionError, match="trained instead of loading"):
@@ -109,11 +109,11 @@ def test_ddpm_is_cached_says_whether_the_loader_trains(empty_cache, monkeypatch)
 
 
 def test_estimate_training_seconds_scales_with_the_steps(monkeypatch):
-    from course_lib.ddpm_training import DDPMConfig, estimate_training_seconds
+    from course_lib.ddpm import DDPMConfig, estimate_training_seconds
     calls = []
     class Fake:
         def __init__(self, cfg): self.history = {"seconds": 0.5 * cfg.steps}
-    monkeypatch.setattr(course_lib.ddpm_training, "train_ddpm", lambda cfg, *a, **kw: calls.append(cfg) or Fake(cfg))
+    monkeypatch.setattr(course_lib.ddpm.training, "train_ddpm", lambda cfg, *a, **kw: calls.append(cfg) or Fake(cfg))
     assert estimate_training_seconds(DDPMConfig(steps=1500), n_steps=4) == pytest.approx(750.0)
     assert calls[0].steps == 4 and calls[0].block_out_channels == DDPMConfig().block_out_channels
 
@@ -131,7 +131,7 @@ def test_restore_pretrained_only_fills_a_missing_cache_entry(empty_cache, tmp_pa
 def test_the_judge_retrained_from_its_provenance_reaches_its_figure(tmp_path, monkeypatch):
     "The cheapest model (seconds) is retrained from its recorded config; the others are retrained the same way by "
     "`python tools/ship_pretrained.py` (minutes each)."
-    from course_lib.classifier import ClassifierConfig, load_digits_classifier
+    from course_lib.ddpm import ClassifierConfig, load_digits_classifier
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
     entry = next(m for m in PROV["models"].values() if m["kind"] == "classifier")

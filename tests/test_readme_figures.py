@@ -7,16 +7,17 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.units import load_units
-from course_lib.run_records import (recorded_run, readme_regions, render_readme, hand_typed_figures,
-                                    format_value, write_figures, stored_results)
+from course_lib.course import load_units
+from course_lib.course import (
+    recorded_run, readme_regions, render_readme, hand_typed_figures, format_value, write_figures,
+    stored_results)
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = [u for u in load_units(ROOT) if not u.is_library]
 
 
 def course(*args, env=None):
-    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env or os.environ.copy(), cwd=ROOT, timeout=600)
 
 
@@ -40,7 +41,7 @@ def tiny_unit(tmp: Path, figures: dict):
     (tmp / "units" / "07_tiny").mkdir(parents=True); (tmp / "nbs").mkdir(); (tmp / "run").mkdir()
     n = nbformat.v4.new_notebook()
     p = nbformat.v4.new_code_cell("steps = 1000"); p.metadata["tags"] = ["parameters"]
-    n.cells = [p, nbformat.v4.new_code_cell("from course_lib.core import record\nrecord('steps_seen', steps)")]
+    n.cells = [p, nbformat.v4.new_code_cell("from course_lib.core.basics import record\nrecord('steps_seen', steps)")]
     nbformat.write(n, tmp / "nbs" / "a.ipynb")
     (tmp / "units" / "07_tiny" / "unit.toml").write_text(
         '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb"]\n[profiles.quick]\nsteps = 3\n[profiles.full]\nsteps = 30\n')
@@ -176,11 +177,11 @@ def test_a_second_run_that_finds_everything_cached_is_stored_apart_and_timed(tmp
     a non-empty cache is its cached (second) run: `course readme --results RUN --cached` checks that, stores it in
     results-PROFILE-cached.json, leaves the README's figures as the first run's, and the Time block gives its
     time beside the first run's. A run that added files is refused as a cached run."""
-    from course_lib.time_blocks import time_block
+    from course_lib.course import time_block
     u = tiny_unit(tmp_path / "proj", {})
     nb = nbformat.read(tmp_path / "proj" / "nbs" / "a.ipynb", as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(
-        "from course_lib.core import cache_dir\n"
+        "from course_lib.core.basics import cache_dir\n"
         "p = cache_dir() / 'tiny' / 'model.bin'\n"
         "if not p.exists():\n    p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(b'weights')"))
     nbformat.write(nb, tmp_path / "proj" / "nbs" / "a.ipynb")
@@ -212,7 +213,7 @@ def test_a_second_run_that_finds_everything_cached_is_stored_apart_and_timed(tmp
     assert again["cached"] is True and again["cache"] == "1 file" and again["seconds"]["a"] > 0
     block = time_block(u, "a")
     secs = json.loads(first)["seconds"]["a"]
-    from course_lib.units import format_duration
+    from course_lib.course import format_duration
     assert (f"quick profile **{format_duration(secs)}** (run again, the cache full: "
             f"**{format_duration(again['seconds']['a'])}**)") in block
     assert "results-quick-cached.json" in block

@@ -89,7 +89,7 @@ def test_readme_python_version_matches_package():
 def test_readme_lists_every_lesson_unit_and_types_no_unit_count():
     "The README's unit table has a row for each lesson unit (unit 7 was once missing) and no typed count of units."
     import re
-    from course_lib.units import load_units
+    from course_lib.course import load_units
     text = (ROOT / "README.md").read_text()
     rows = {int(n): link for n, link in re.findall(r"^\| (\d+) \| \[[^]]+\]\(units/([^/]+)/README\.md\)", text, re.M)}
     lessons = {u.number: u.name for u in load_units(ROOT) if not u.is_library}

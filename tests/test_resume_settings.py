@@ -67,13 +67,13 @@ def lora_base():
 
 @pytest.fixture(scope="module")
 def lora_folder(tmp_path_factory):
-    from course_lib.lora_base import write_concept_folder
+    from course_lib.lora import write_concept_folder
     return write_concept_folder(tmp_path_factory.mktemp("lora") / "nines", n=8)
 
 
 def test_lora_run_resume_takes_the_new_lr_and_says_so(lora_base, lora_folder, tmp_path):
-    from course_lib.lora_command import train_lora_run
-    from course_lib.lora_train import LoRATrainConfig
+    from course_lib.lora import train_lora_run
+    from course_lib.lora import LoRATrainConfig
     a = LoRATrainConfig(rank=2, alpha=4.0, steps=2, batch_size=4, prior_images=0, preview_every=0, lr=1e-2)
     train_lora_run(lora_base, lora_folder, a, tmp_path, checkpoint_every=2)
     with pytest.warns(UserWarning, match=r"lr 0\.01 -> 0\.0001"):
@@ -93,7 +93,7 @@ def test_lora_run_resume_takes_the_new_lr_and_says_so(lora_base, lora_folder, tm
 # --- FLUX LoRA (notebook 77): already writes the lr; the header records the change ----------------------------
 def test_flux_lora_resume_takes_the_new_lr_and_says_so(tmp_path):
     from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-    from course_lib.flux_lora_train import FluxLoRAConfig, train_flux_lora, write_corner_folder
+    from course_lib.flux import FluxLoRAConfig, train_flux_lora, write_corner_folder
     base = make_flux_pipeline(FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1))
     folder = write_corner_folder(tmp_path / "images", n=4, pixels=16)
     a = FluxLoRAConfig(rank=2, alpha=2.0, steps=2, batch_size=2, lr=1e-2, checkpoint_every=2)

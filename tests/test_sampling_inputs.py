@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.ddpm import (DDPMConfig, SAMPLERS, SPACINGS, make_scheduler, make_unet, sample, sampler_table,
-                             timestep_grid)
-from course_lib.lora_base import generate
-from course_lib.lora_train import prior_set
+from course_lib.ddpm import (
+    DDPMConfig, SAMPLERS, SPACINGS, make_scheduler, make_unet, sample, sampler_table, timestep_grid)
+from course_lib.lora import generate
+from course_lib.lora import prior_set
 
 T = 1000
 

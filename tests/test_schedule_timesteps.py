@@ -1,11 +1,11 @@
-"""course_lib.schedule: every `NoiseSchedule` method that takes timesteps `t` refuses one outside [0, T-1]
+"""course_lib.ddpm.schedule: every `NoiseSchedule` method that takes timesteps `t` refuses one outside [0, T-1]
 (lesson 10 says so), naming the value, instead of indexing `alpha_bar[-1]` (the last step) in silence."""
 import inspect
 
 import pytest
 import torch
 
-from course_lib.schedule import NoiseSchedule
+from course_lib.ddpm import NoiseSchedule
 
 T = 10
 S = NoiseSchedule(T, "linear")

@@ -1,16 +1,18 @@
-"""Unit 2 (course_lib.score_matching, .langevin, .sde, .sde_digits): each from-scratch piece against a closed form, with the tolerance stated."""
+"""Unit 2 (course_lib.score.matching, .langevin, .sde, .sde_digits): each from-scratch piece against a closed form, with the tolerance stated."""
 import math
 
 import pytest
 import torch
 
-from course_lib.langevin import (LangevinDivergedError, NCSNConfig, annealed_langevin, component_weights,
-                                 energy_distance, geometric_sigmas, langevin, sample_report, sliced_wasserstein)
-from course_lib.score_matching import ScoreMLP, dsm_loss, score_error, ssm_loss
-from course_lib.score_toys import GaussianMixture, ToyScoreConfig, make_mixture, mixture_score_fn, toy_data
-from course_lib.sde import VESDE, VPSDE, euler_maruyama_sampler, pc_sampler
-from course_lib.sde_numerics import bits_per_dim, dequantize, ode_likelihood, ode_sampler, per_sample
-from course_lib.sde_digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, _discretized_gaussian_nll
+from course_lib.score import (
+    LangevinDivergedError, NCSNConfig, annealed_langevin, component_weights, energy_distance,
+    geometric_sigmas, langevin, sample_report, sliced_wasserstein)
+from course_lib.score import ScoreMLP, dsm_loss, score_error, ssm_loss
+from course_lib.score import GaussianMixture, ToyScoreConfig, make_mixture, mixture_score_fn, toy_data
+from course_lib.score import VESDE, VPSDE, euler_maruyama_sampler, pc_sampler
+from course_lib.score import bits_per_dim, dequantize, ode_likelihood, ode_sampler, per_sample
+from course_lib.score import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step
+from course_lib.score.digits import _discretized_gaussian_nll
 
 
 def gen(seed=0):

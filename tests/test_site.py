@@ -12,9 +12,10 @@ from urllib.parse import urlsplit, unquote
 import pytest
 from filelock import FileLock
 
-from course_lib.units import load_units, find_unit
-from course_lib.site import find_executed, library_modules, rewrite_links, executed_matches, lesson_notebook, site_settings
-from course_lib.site import with_current_text
+from course_lib.course import load_units, find_unit
+from course_lib.course import (
+    find_executed, library_modules, rewrite_links, executed_matches, lesson_notebook, site_settings)
+from course_lib.course import with_current_text
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -47,11 +48,11 @@ def site(tmp_path_factory):
             # unit 0 executed (its lesson with figures and a measured time); the library's notebooks, which
             # tests/test_notebooks.py runs, shown without outputs (--no-execute) to keep the build short
             env = dict(os.environ, COURSE_LIB_ROOT=str(ROOT))
-            run = [sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())",
+            run = [sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())",
                    "run", "start", "--profile", "quick", "--out", str(executed)]
             r = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
             if r.returncode == 0:
-                cmd = [sys.executable, "-c", "import sys; from course_lib.site import site_main; sys.exit(site_main(sys.argv[1:]))",
+                cmd = [sys.executable, "-c", "import sys; from course_lib.course.site import site_main; sys.exit(site_main(sys.argv[1:]))",
                        "--profile", "quick", "--units", "start", "library", "--no-execute", "--out", str(out),
                        "--executed", str(executed)]
                 r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
@@ -139,7 +140,7 @@ def test_site_build_prints_no_warning(site):
 
 def test_every_lesson_page_says_which_profile_produced_it(site):
     "Each executed lesson's page names its run's profile (and date and machine); a page without a run says so."
-    from course_lib.run_records import PROFILE_NOTE
+    from course_lib.course import PROFILE_NOTE
     d, executed_dir, units = site
     bad = []
     for u, nb, page in _lessons(d, units):
@@ -161,7 +162,7 @@ def test_lessons_have_colab_links(site):
 def test_api_reference_from_docstrings(site):
     d, _, _ = site
     text = (d / "api" / "core.html").read_text()
-    assert "seed_everything" in text and "atomically" in text, "autodoc did not render course_lib.core's docstrings"
+    assert "seed_everything" in text and "atomically" in text, "autodoc did not render course_lib.core.basics's docstrings"
     assert "00_core.html" in text, "the API page does not link to its notebook"
 
 
@@ -267,7 +268,7 @@ def test_lesson_notebook_hides_nbdev_directives_and_widgets():
 
 
 def test_site_command_rejects_bad_arguments(tmp_path, capsys):
-    from course_lib.site import site_main
+    from course_lib.course import site_main
     assert site_main(["--profile", "slow"]) == 2
     assert site_main(["--units", "no-such-unit"]) == 2
     assert "unknown unit 'no-such-unit'" in capsys.readouterr().err

@@ -7,11 +7,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import course_lib.site as site
-import course_lib.run_records as run_records
-from course_lib.units import load_units
-from course_lib.run_records import stamp_matches, run_units
-from course_lib.site import execute_missing, find_executed, execution_note, _lesson_page
+import course_lib.course.site as site
+import course_lib.course.run_records as run_records
+from course_lib.course import load_units
+from course_lib.course import stamp_matches, run_units
+from course_lib.course import execute_missing, find_executed, execution_note
+from course_lib.course.site import _lesson_page
 
 
 def tiny_project(tmp: Path) -> Path:

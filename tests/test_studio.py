@@ -1,4 +1,4 @@
-"""course_lib.studio (notebook 83): the LoRA studio, headless (`Studio`'s methods, which the page's handlers call),
+"""course_lib.studio.app (notebook 83): the LoRA studio, headless (`Studio`'s methods, which the page's handlers call),
 through Gradio's own Python client against a server on 127.0.0.1, after a SIGKILL mid-run, and in Chromium.
 On small untrained base models (`tiny_bases`: built offline in a second), a few steps each."""
 import json, os, signal, socket, subprocess, sys, textwrap, time
@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("gradio", reason='the studio needs pip install "course_lib[studio]"')
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from course_lib.flux_lora_train import write_corner_folder
+from course_lib.flux import write_corner_folder
 from course_lib.studio import Studio, build_studio, status_text, tiny_bases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,7 +220,7 @@ def test_loss_frame_is_the_running_mean_of_each_loss():
 
 
 def test_presets_refuse_unknown_keys_and_other_sizes(st, tmp_path):
-    from course_lib.lora_command import LoRATrainConfig
+    from course_lib.lora import LoRATrainConfig
     p = st.save_preset("unet", {"rank": 4, "lr": 1e-3, "target_modules": "to_q, to_k"}, "mine")
     trainer, cfg = st.load_preset(p)
     assert trainer == "unet" and cfg == LoRATrainConfig(rank=4, lr=1e-3, target_modules=("to_q", "to_k"))
@@ -270,7 +270,7 @@ def test_unet_generate_with_guidance_against_a_negative_prompt(st):
     model that makes the two network calls apart and combines them by hand."""
     from types import SimpleNamespace
     from torch import nn
-    from course_lib.lora_base import encode_prompt, generate as unet_generate
+    from course_lib.lora import encode_prompt, generate as unet_generate
     prompt, kw = "a photo of sks digit", dict(steps=2, n=2, seed=3)
     plain = st.generate("unet", prompt, {"u1": 1.0}, **kw)
     assert torch.equal(st.generate("unet", prompt, {"u1": 1.0}, negative_prompt="three", guidance=1.0, **kw), plain)
@@ -627,7 +627,7 @@ def test_browser_end_to_end(tmp_path, digits):
 
 def test_course_studio_command(monkeypatch, tmp_path, capsys):
     "`course studio`: --help documents it, 127.0.0.1 and Gradio's port (None: $GRADIO_SERVER_PORT, else 7860) by default."
-    import course_lib.studio as studio
+    import course_lib.studio.app as studio
     from course_lib.cli import main
     assert main(["studio", "--help"]) == 0
     out = capsys.readouterr().out
@@ -648,7 +648,7 @@ def test_course_studio_command(monkeypatch, tmp_path, capsys):
 def test_space_files():
     "space/app.py builds the same app; space/README.md carries the Space's front matter."
     app, readme = (ROOT/"space"/"app.py").read_text(), (ROOT/"space"/"README.md").read_text()
-    assert "from course_lib.studio import build_studio" in app and "demo.launch(" in app
+    assert "from course_lib.studio.app import build_studio" in app and "demo.launch(" in app
     front = readme.split("---")[1]
     for k in ("sdk: gradio", "app_file: app.py", "sdk_version:", "title:"):
         assert k in front, k

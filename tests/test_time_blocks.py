@@ -8,9 +8,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.units import load_units
-from course_lib.time_blocks import (TIME_END, time_block, time_problems, time_regions, typed_time_paragraphs,
-                                    write_time_blocks)
+from course_lib.course import load_units
+from course_lib.course import (
+    TIME_END, time_block, time_problems, time_regions, typed_time_paragraphs, write_time_blocks)
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = [u for u in load_units(ROOT) if not u.is_library]
@@ -99,7 +99,7 @@ def test_typed_paragraph_is_replaced_and_its_untimed_prose_kept(tmp_path):
 
 
 def course(*args, env):
-    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 

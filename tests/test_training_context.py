@@ -6,15 +6,15 @@ import copy
 import pytest
 import torch
 
-from course_lib.classifier import ClassifierConfig, load_digits_classifier, train_digits_classifier
+from course_lib.ddpm import ClassifierConfig, load_digits_classifier, train_digits_classifier
 from course_lib.ddpm import DDPMConfig, make_unet, train_ddpm
-from course_lib.lm import TinyGPTConfig, train_tiny_gpt2
-from course_lib.lora_base import write_concept_folder
-from course_lib.lora_data import ConceptDataset
-from course_lib.lora_train import LoRATrainConfig, train_lora
-from course_lib.langevin import NCSNConfig, train_ncsn
-from course_lib.score_matching import ToyScoreConfig, train_toy_score
-from course_lib.vision_transfer import FinetuneConfig, finetune, target_task
+from course_lib.pile import TinyGPTConfig, train_tiny_gpt2
+from course_lib.lora import write_concept_folder
+from course_lib.lora import ConceptDataset
+from course_lib.lora import LoRATrainConfig, train_lora
+from course_lib.score import NCSNConfig, train_ncsn
+from course_lib.score import ToyScoreConfig, train_toy_score
+from course_lib.vision import FinetuneConfig, finetune, target_task
 
 CONTEXTS = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 TINY_DDPM = dict(block_out_channels=(8, 16), norm_num_groups=4, steps=2, batch_size=8, warmup_steps=1,

@@ -21,7 +21,7 @@ def truncate(p: Path):
 def test_damaged_cached_flow_model_is_named_with_what_to_do(cache):
     from course_lib.core import cache_dir
     from course_lib.ddpm import DDPMConfig
-    from course_lib.flow_training import FlowConfig, load_pretrained_flow
+    from course_lib.flux import FlowConfig, load_pretrained_flow
     cfg = FlowConfig.from_ddpm(DDPMConfig.quick())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -38,8 +38,8 @@ def test_damaged_cached_flow_model_is_named_with_what_to_do(cache):
 def test_damaged_cached_flux_pipeline_is_named_with_what_to_do(cache, part):
     "Each part fails its own way (diffusers' OSError, transformers' SafetensorError): each is named."
     from course_lib.core import cache_dir
-    from course_lib.flux_io import FluxMiniConfig
-    from course_lib.flux_train import load_flux_mini
+    from course_lib.flux import FluxMiniConfig
+    from course_lib.flux import load_flux_mini
     cfg = FluxMiniConfig.quick()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -80,7 +80,7 @@ def read_only_locks(monkeypatch):
 
 
 def _mini_pile():
-    from course_lib.pile_command import mini_pile
+    from course_lib.pile import mini_pile
     return mini_pile(0.05)
 
 
@@ -91,19 +91,19 @@ def _reference_statistics():
 
 def _flow():
     from course_lib.ddpm import DDPMConfig
-    from course_lib.flow_training import FlowConfig, load_pretrained_flow
+    from course_lib.flux import FlowConfig, load_pretrained_flow
     return load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()), progress=False).history["loss"][-1]
 
 
 def _vision_source():
-    from course_lib.vision_transfer import pretrained_source_model
+    from course_lib.vision import pretrained_source_model
     return pretrained_source_model("course_resnet_32", steps=1000, label_augment="d4").name
 
 
 def _tiny_gpt2():
     import json
     from course_lib.core import pretrained_dir
-    from course_lib.lm import TinyGPTConfig, tiny_gpt2
+    from course_lib.pile import TinyGPTConfig, tiny_gpt2
     prov = json.loads((pretrained_dir() / "provenance.json").read_text())
     cfg = next(m["config"] for m in prov["models"].values() if m["kind"] == "gpt2")
     return tiny_gpt2(TinyGPTConfig(**cfg))[2].name
@@ -120,9 +120,9 @@ def test_loaders_read_a_read_only_cache_that_holds_the_artefact(cache, read_only
 
 
 def test_lora_adapter_cache_is_read_from_a_read_only_cache(cache, read_only_locks, monkeypatch):
-    import course_lib.lora_command as lora_io
-    from course_lib.lora_base import base_config, load_base
-    from course_lib.lora_train import LoRATrainConfig
+    import course_lib.lora.run as lora_io
+    from course_lib.lora import base_config, load_base
+    from course_lib.lora import LoRATrainConfig
     base = load_base(base_config(100), progress=False)
     cfg = LoRATrainConfig(steps=2, batch_size=4, preview_every=0, adapter_name="bold", prior_images=0)
     path = lora_io.load_or_train_adapter("bold", base, cfg, n_images=8)
@@ -139,9 +139,9 @@ def test_lora_adapter_of_a_wrapped_unet_saves_and_loads_as_the_plain_models(tmp_
     import torch
     from safetensors import safe_open
     from course_lib.lora import add_lora, set_adapters
-    from course_lib.lora_base import base_config, load_base
-    from course_lib.lora_files import base_fingerprint
-    from course_lib.lora_io import load_adapter, save_adapter
+    from course_lib.lora import base_config, load_base
+    from course_lib.lora import base_fingerprint
+    from course_lib.lora import load_adapter, save_adapter
     base = load_base(base_config(100), progress=False)
     unet = copy.deepcopy(base)
     add_lora(unet, 2, 2.0, ["to_q", "to_v"], adapter_name="concept")
@@ -167,9 +167,9 @@ def test_flux_lora_state_of_a_wrapped_transformer_has_the_plain_names():
     from types import SimpleNamespace
     import torch
     from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-    from course_lib.flux_lora import add_flux_lora
-    from course_lib.flux_lora_train import FluxLoRAConfig
-    from course_lib.flux_lora_export import lora_state
+    from course_lib.flux import add_flux_lora
+    from course_lib.flux import FluxLoRAConfig
+    from course_lib.flux import lora_state
     pipe = make_flux_pipeline(FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1))
     add_flux_lora(pipe, FluxLoRAConfig(rank=2, alpha=2.0))
     want = lora_state(pipe)["transformer"]
@@ -180,8 +180,8 @@ def test_flux_lora_state_of_a_wrapped_transformer_has_the_plain_names():
 
 def test_count_flops_names_a_size_the_model_refuses_and_defaults_to_its_own():
     import timm
-    import course_lib.vision_registry  # noqa: F401  (registers the course's models)
-    from course_lib.vision_registry import count_flops
+    import course_lib.vision.registry  # noqa: F401  (registers the course's models)
+    from course_lib.vision import count_flops
     vit = timm.create_model("course_vit_32", num_classes=5)
     assert count_flops(vit) == count_flops(vit, (1, 32, 32)) > 0      # the model's own (1, 32, 32)
     with pytest.raises(ValueError, match=r"input_size=\(3, 64, 64\).*own input size is \(1, 32, 32\)"):
@@ -191,14 +191,14 @@ def test_count_flops_names_a_size_the_model_refuses_and_defaults_to_its_own():
 
 @pytest.mark.parametrize("rank", ["0", "-3"])
 def test_adapter_metadata_with_a_rank_below_one_is_named(rank):
-    from course_lib.lora_files import parse_adapter_metadata
+    from course_lib.lora import parse_adapter_metadata
     meta = {"rank": rank, "alpha": "4.0", "target_modules": '["to_q"]'}
     with pytest.raises(ValueError, match=rf"a.safetensors: adapter metadata 'rank' is {rank}, not an integer >= 1"):
         parse_adapter_metadata("a.safetensors", meta)       # before: `course lora info` printed it, exit 0
 
 
 def test_lora_train_names_a_file_given_as_the_image_folder(tmp_path, capsys):
-    from course_lib.lora_command import lora_main
+    from course_lib.lora import lora_main
     (tmp_path / "a.safetensors").write_bytes(b"x")
     assert lora_main(["train", str(tmp_path / "a.safetensors"), str(tmp_path / "o.safetensors")]) == 2
     err = capsys.readouterr().err

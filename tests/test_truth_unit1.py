@@ -36,12 +36,12 @@ def read_only_locks(monkeypatch):
 @pytest.mark.filterwarnings("ignore::UserWarning")      # a stale record is test_pretrained's concern
 def test_a_cached_model_loads_from_a_read_only_cache(tmp_path, monkeypatch, read_only_locks):
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
-    from course_lib.classifier import load_digits_classifier
+    from course_lib.ddpm import load_digits_classifier
     first = load_digits_classifier()                      # restored (shipped) or trained: now in the cache
     read_only_locks["on"] = True
     again = load_digits_classifier()                      # a hit: no lock needed
     assert again.valid_acc == first.valid_acc
-    from course_lib.cache import cached
+    from course_lib.core import cached
     art = tmp_path / "models" / "x" / "a.bin"
     art.parent.mkdir(parents=True)
     art.write_bytes(b"1")
@@ -55,8 +55,8 @@ def test_a_cache_miss_in_a_read_only_cache_names_the_folder_and_the_way_out(tmp_
     monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
     read_only_locks["on"] = True
     from course_lib.core import CacheNotWritable
-    from course_lib.cache import cached
-    from course_lib.classifier import ClassifierConfig, load_digits_classifier
+    from course_lib.core import cached
+    from course_lib.ddpm import ClassifierConfig, load_digits_classifier
     with pytest.raises(CacheNotWritable, match="COURSE_LIB_HOME") as e:
         load_digits_classifier(config=ClassifierConfig(epochs=1))
     assert str(tmp_path / "models" / "digits_classifier") in str(e.value)
@@ -93,7 +93,7 @@ def test_ancestral_step_off_its_grid_names_the_timestep_and_the_grid():
 
 def test_step_kwargs_cannot_override_eta_or_the_generator():
     from course_lib.ddpm import DDPMConfig, make_scheduler
-    from course_lib.ddpm_checks import step_options as _step_options
+    from course_lib.ddpm import step_options as _step_options
     ddim = make_scheduler("ddim", DDPMConfig.quick())
     g = torch.Generator()
     with pytest.raises(ValueError, match=r"eta given twice: eta=0\.0 and step_kwargs\['eta'\]=1\.0"):
@@ -107,8 +107,8 @@ def test_step_kwargs_cannot_override_eta_or_the_generator():
 # --- 4. the fingerprint of a trainer defined in a notebook ---------------------------------------------
 
 def test_code_fingerprint_does_not_depend_on_the_order_code_is_reached():
-    import course_lib.ddpm_training as M
-    from course_lib.cache import code_fingerprint
+    import course_lib.ddpm.training as M
+    from course_lib.core import code_fingerprint
     assert code_fingerprint(M.train_ddpm, M.make_unet) == code_fingerprint(M.make_unet, M.train_ddpm)
 
 
@@ -116,8 +116,8 @@ def test_lesson_11s_trainer_in_a_kernel_has_the_modules_fingerprint():
     """The library notebook 15 defines train_ddpm in its kernel (after importing lesson 11's names); the same code
     must not look changed (a false StaleCacheWarning)."""
     execnb = pytest.importorskip("execnb.shell")
-    import course_lib.ddpm_training as M
-    from course_lib.cache import code_fingerprint
+    import course_lib.ddpm.training as M
+    from course_lib.core import code_fingerprint
     sh = execnb.CaptureShell()
     for c in _cells("15_training_runs"):
         src = "".join(c["source"])
@@ -125,12 +125,12 @@ def test_lesson_11s_trainer_in_a_kernel_has_the_modules_fingerprint():
         if "import tempfile" in src: break          # the demo cells after the trainer
         sh.run(src)
         assert sh.exc is None, sh.exc
-    show = "from course_lib.cache import code_fingerprint\nprint(train_ddpm.__module__, code_fingerprint(train_ddpm))"
+    show = "from course_lib.core.cache import code_fingerprint\nprint(train_ddpm.__module__, code_fingerprint(train_ddpm))"
     module, fp = "".join(sh.run(show)[0]["text"]).split()
     assert module == "__main__" and fp == code_fingerprint(M.train_ddpm)
     # the lesson's later cells bind globals that share a name with an attribute the trainer reads
     # (`out.sample`, `os.kill`): they are not the trainer's code
-    sh.run("from course_lib.ddpm import sample, make_scheduler\ndef kill(step, loss):\n    raise RuntimeError")
+    sh.run("from course_lib.ddpm.schedulers import sample, make_scheduler\ndef kill(step, loss):\n    raise RuntimeError")
     assert sh.exc is None, sh.exc
     assert "".join(sh.run(show)[0]["text"]).split()[1] == code_fingerprint(M.train_ddpm)
 
@@ -140,21 +140,21 @@ def test_lesson_11s_trainer_in_a_kernel_has_the_modules_fingerprint():
 # Files that still type a time into a docstring or comment, owned by other lessons (issue 28, listed in the
 # report): units.py's examples of its time format (nb05, not measurements), flow.py's and flux.py's measured
 # seconds a step used by their estimates (nb71, nb72).
-TYPED_TIME_ALLOWED = {"course_lib/units.py", "course_lib/flow.py", "course_lib/flux.py",
+TYPED_TIME_ALLOWED = {"course_lib/course/units.py", "course_lib/flux/flow.py", "course_lib/flux/mini.py",
                       "nbs/05_units.ipynb", "nbs/71_flow_matching.ipynb", "nbs/72_flux_mini.ipynb",
-                      "course_lib/flow_training.py", "nbs/78_flow_training.ipynb",
-                      "course_lib/flux_io.py", "nbs/79_flux_io.ipynb"}
+                      "course_lib/flux/flow_training.py", "nbs/78_flow_training.ipynb",
+                      "course_lib/flux/io.py", "nbs/79_flux_io.ipynb"}
 
 
 def test_typed_times_finds_times_in_comments_and_docstrings_only():
-    from course_lib.run_records import typed_times
+    from course_lib.course import typed_times
     src = ('def f():\n    "Trains in about 40 s on 2 CPUs."\n    x = 3  # 10 min with the defaults\n'
            '    print(f"took {x} s")\n%time f()\n')
     assert typed_times(src) == [(2, "about 40 s"), (3, "10 min")]
 
 
 def test_no_time_is_typed_into_the_library_or_the_lessons_code():
-    from course_lib.run_records import typed_times
+    from course_lib.course import typed_times
     found = []
     for f in sorted((ROOT / "course_lib").glob("*.py")):
         found += [f"{f.relative_to(ROOT)}:{ln}: {t}" for ln, t in typed_times(f.read_text())]
@@ -227,7 +227,7 @@ def test_lesson_11_states_eps_prediction_at_both_ends_plainly():
 # --- 11. the quick profile's bars row --------------------------------------------------------------------
 
 def test_the_quick_profiles_bars_met_row_says_the_full_bars_do_not_apply():
-    from course_lib.run_records import figure_cell
+    from course_lib.course import figure_cell
     assert figure_cell("quality_bars_met", True, "full") == "True"
     quick = figure_cell("quality_bars_met", False, "quick")
     assert quick.startswith("False") and "full profile" in quick and "not held" in quick

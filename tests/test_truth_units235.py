@@ -79,7 +79,7 @@ def test_nb21_exercise2_matches_ladder_samples():
              and getattr(n.func, "id", "") == "annealed_langevin"]
     assert calls and all(k.arg != "denoise" for c in calls for k in c.keywords)   # the default: True
     import inspect
-    from course_lib.langevin import annealed_langevin
+    from course_lib.score import annealed_langevin
     assert inspect.signature(annealed_langevin).parameters["denoise"].default is True
 
 
@@ -103,7 +103,7 @@ def test_nb23_types_no_training_time():
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16])
 def test_integer_images_are_pixel_values(dtype):
-    from course_lib.metrics_images import as_uint8_images
+    from course_lib.metrics import as_uint8_images
     x = torch.randint(0, 256, (3, 1, 8, 8), generator=torch.Generator().manual_seed(0)).to(dtype)
     y = as_uint8_images(x)
     assert y.dtype == torch.uint8 and torch.equal(y[:, 0].long(), x[:, 0].long())
@@ -116,7 +116,7 @@ def test_integer_images_are_pixel_values(dtype):
 
 def test_float_tiffs_in_0_1_load_scaled(tmp_path):
     from PIL import Image
-    from course_lib.metrics_images import as_uint8_images
+    from course_lib.metrics import as_uint8_images
     a = np.random.RandomState(0).rand(3, 8, 8).astype(np.float32)
     for i, im in enumerate(a): Image.fromarray(im, "F").save(tmp_path / f"{i}.tif")
     assert Image.open(tmp_path / "0.tif").mode == "F"
@@ -133,7 +133,7 @@ def test_float_tiffs_in_0_1_load_scaled(tmp_path):
 @pytest.fixture(scope="module")
 def digits_folder(tmp_path_factory):
     from PIL import Image
-    from course_lib.metrics_images import Digits_uint8
+    from course_lib.metrics import Digits_uint8
     d = tmp_path_factory.mktemp("fid") / "a"
     d.mkdir()
     for i, im in enumerate(Digits_uint8("valid", 16)[:40]):
@@ -142,7 +142,7 @@ def digits_folder(tmp_path_factory):
 
 
 def run_fid(argv):
-    from course_lib.fid_command import fid_main
+    from course_lib.cli import fid_main
     buf = io.StringIO()
     with warnings.catch_warnings(), redirect_stdout(buf):
         warnings.simplefilter("ignore")
@@ -158,7 +158,7 @@ def test_course_fid_of_a_set_with_itself_is_zero_not_minus_zero(digits_folder):
 
 
 def test_course_fid_json_has_no_nan(digits_folder, monkeypatch):
-    import course_lib.fid_command as fc
+    import course_lib.cli.fid as fc
     monkeypatch.setattr(fc, "_fid_metrics", lambda a: {"extractor": "digits", "fid": float("nan"),
                                                       "n_a": 2, "n_b": 2, "kid_mean": float("inf"),
                                                       "kid_std": 0.5})
@@ -170,13 +170,13 @@ def test_course_fid_json_has_no_nan(digits_folder, monkeypatch):
 
 
 def test_kid_keeps_its_sign_but_never_prints_minus_zero():
-    from course_lib.fid_command import _shown
+    from course_lib.cli.fid import _shown
     assert _shown(-1e-9, ".6f") == "0.000000" and _shown(-0.0, ".4f") == "0.0000"
     assert _shown(-0.25, ".6f") == "-0.250000" and _shown(0.5, ".4f") == "0.5000"
 
 
 def test_clamp_fid_only_clamps_rounding():
-    from course_lib.fid_command import _clamp_fid
+    from course_lib.cli.fid import _clamp_fid
     s = {"mu": np.ones(4), "sigma": np.eye(4)}
     assert _clamp_fid(-1e-12, s, s) == 0.0 and math.copysign(1, _clamp_fid(-0.0, s, s)) == 1
     with pytest.warns(UserWarning, match="negative beyond rounding"):
@@ -190,7 +190,7 @@ def test_kid_chunks_standard_error_is_calibrated_and_the_subsets_std_is_not():
     # over the replications is its true error. kid_chunks' standard error matches the spread of its
     # mean; the std over kid's overlapping subsets is below the spread of kid's own mean (on these
     # Gaussian features a little, on the digits' features 31_is_kid measures the ratio)
-    from course_lib.isc_kid import kid, kid_chunks
+    from course_lib.metrics import kid, kid_chunks
     rng = np.random.default_rng(0)
     kids, sds, chunks, ses = [], [], [], []
     for _ in range(30):
@@ -228,7 +228,7 @@ def test_nb33_calls_dpm_plus_plus_stochastic():
 
 def test_count_flops_counts_attention_matmuls():
     from timm.models.vision_transformer import VisionTransformer
-    from course_lib.vision_registry import count_flops
+    from course_lib.vision import count_flops
     # FLOPs = 2 x multiply-accumulates, everywhere (FlopCounterMode's convention)
     B, N, D, heads, hd = 1, 2 * 2 + 1, 8, 2, 4
     vit = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=D,
@@ -275,13 +275,13 @@ def test_recorded_learned_nll_is_not_below_the_true_nll(profile):
 @pytest.fixture
 def resnet():
     import timm
-    import course_lib.vision_registry  # noqa: F401  (registers the course models)
+    import course_lib.vision.registry  # noqa: F401  (registers the course models)
     return timm.create_model("course_resnet_32", num_classes=3).eval()
 
 
 @pytest.mark.parametrize("wrap", ["compile", "dataparallel", "compile+dataparallel"])
 def test_wrapped_models_save_and_load_as_the_plain_model(resnet, wrap, tmp_path):
-    from course_lib.vision_checkpoints import checkpoint_info, load_finetuned, save_model
+    from course_lib.vision import checkpoint_info, load_finetuned, save_model
     w = resnet
     if "dataparallel" in wrap: w = torch.nn.DataParallel(w)
     if "compile" in wrap: w = torch.compile(w)
@@ -294,7 +294,8 @@ def test_wrapped_models_save_and_load_as_the_plain_model(resnet, wrap, tmp_path)
 
 def test_a_file_with_wrapper_prefixes_loads(resnet, tmp_path):
     from safetensors.torch import save_file
-    from course_lib.vision_checkpoints import clean_key, create_vision_model
+    from course_lib.core import clean_key
+    from course_lib.vision import create_vision_model
     save_file({f"_orig_mod.module.{k}": v.contiguous() for k, v in resnet.state_dict().items()},
               str(tmp_path / "raw.safetensors"))
     m = create_vision_model("course_resnet_32", 3, pretrained_file=tmp_path / "raw.safetensors")
@@ -305,7 +306,7 @@ def test_a_file_with_wrapper_prefixes_loads(resnet, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_damaged_vision_checkpoint_is_named(resnet, damage, tmp_path):
-    from course_lib.vision_checkpoints import load_finetuned, save_model
+    from course_lib.vision import load_finetuned, save_model
     b = save_model(resnet, tmp_path / "m.safetensors").read_bytes()
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b[: len(b) // 2] if damage == "truncated" else b"\x00garbage" * 10)
@@ -315,7 +316,7 @@ def test_damaged_vision_checkpoint_is_named(resnet, damage, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "bad checksum"])
 def test_damaged_statistics_npz_is_named(damage, tmp_path):
-    from course_lib.metrics_io import load_statistics, save_statistics
+    from course_lib.metrics import load_statistics, save_statistics
     b = save_statistics(tmp_path / "s.npz", np.zeros(16), np.eye(16), 10).read_bytes()
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b[:-200] if damage == "truncated" else b[:80] + b"x" * 500 + b[580:])
@@ -339,9 +340,9 @@ def test_damaged_cached_score_model_is_named(which, tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
     monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
     from course_lib.core import cache_dir
-    from course_lib.langevin import NCSNConfig, load_ncsn
-    from course_lib.score_matching import ToyScoreConfig
-    from course_lib.score_cache import load_toy_score
+    from course_lib.score import NCSNConfig, load_ncsn
+    from course_lib.score import ToyScoreConfig
+    from course_lib.score import load_toy_score
     if which == "toy":
         cfg, load = ToyScoreConfig(steps=2), load_toy_score
         path = cache_dir("score", "toy") / f"{cfg.data}-{cfg.loss}-{cfg.key()}.safetensors"

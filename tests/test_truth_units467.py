@@ -17,7 +17,7 @@ torch.set_num_threads(1)
 
 @pytest.mark.parametrize("name", ["a.jsonl.zst", "B.JSONL.ZST", "c.jsonl.gz"])
 def test_read_jsonl_zst_refuses_an_empty_compressed_file(tmp_path, name):
-    from course_lib.jsonl_zst import read_jsonl_zst, PileFormatError
+    from course_lib.pile import read_jsonl_zst, PileFormatError
     p = tmp_path / name
     p.write_bytes(b"")
     with pytest.raises(PileFormatError, match=r"empty \(0 bytes\).*re-create it"):
@@ -27,14 +27,14 @@ def test_read_jsonl_zst_refuses_an_empty_compressed_file(tmp_path, name):
 
 
 def test_an_empty_plain_jsonl_file_is_still_an_empty_shard(tmp_path):
-    from course_lib.jsonl_zst import read_jsonl_zst
+    from course_lib.pile import read_jsonl_zst
     (tmp_path / "a.jsonl").write_bytes(b"")
     assert list(read_jsonl_zst(tmp_path / "a.jsonl")) == []
 
 
 def test_the_careful_zstd_reader_refuses_an_empty_stream(tmp_path):
-    from course_lib.jsonl_zst import ReadStats
-    from course_lib.zstd_stream import _zstd_chunks, _Corrupt
+    from course_lib.pile import ReadStats
+    from course_lib.pile.zstd_stream import _zstd_chunks, _Corrupt
     p = tmp_path / "a.zst"
     p.write_bytes(b"")
     with open(p, "rb") as fh, pytest.raises(_Corrupt, match="empty"):
@@ -45,9 +45,9 @@ def test_the_careful_zstd_reader_refuses_an_empty_stream(tmp_path):
 
 
 def test_load_corpus_and_pile_stats_refuse_an_empty_shard(tmp_path, capsys):
-    from course_lib.pile_corpus import load_corpus
-    from course_lib.pile_command import pile_main
-    from course_lib.jsonl_zst import PileFormatError
+    from course_lib.pile import load_corpus
+    from course_lib.pile import pile_main
+    from course_lib.pile import PileFormatError
     (tmp_path / "a.jsonl.zst").write_bytes(b"")
     for p in (tmp_path / "a.jsonl.zst", tmp_path):
         with pytest.raises(PileFormatError, match=r"empty \(0 bytes\)"):
@@ -67,7 +67,7 @@ DOCS = [{"text": "Bits per byte divides the log-likelihood by UTF-8 bytes. " * 4
 def tiny_lm(tmp_path_factory):
     "A random GPT-2 with 32 positions and its BPE tokenizer, saved to a directory."
     from transformers import GPT2Config, GPT2LMHeadModel
-    from course_lib.lm import train_bpe_tokenizer
+    from course_lib.pile import train_bpe_tokenizer
     torch.manual_seed(0)
     tok = train_bpe_tokenizer([d["text"] for d in DOCS] * 3, vocab_size=300)
     cfg = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=16, n_layer=1, n_head=2,
@@ -79,7 +79,7 @@ def tiny_lm(tmp_path_factory):
 
 
 def test_bpb_errors_skip_says_how_many_lines_it_skipped(tiny_lm, tmp_path, capsys):
-    from course_lib.bpb_command import bpb_main
+    from course_lib.pile import bpb_main
     payload = (b"{not json\n" + b"".join(json.dumps(r).encode() + b"\n" for r in DOCS)
                + b'{"meta": {}}\n' + b"[1, 2\n")
     f = tmp_path / "bad.jsonl.zst"
@@ -95,7 +95,7 @@ def test_bpb_errors_skip_says_how_many_lines_it_skipped(tiny_lm, tmp_path, capsy
 
 @pytest.mark.parametrize("key", ["units/00_start", "units/00_start/", "./units/00_start"])
 def test_find_unit_takes_a_unit_folder_path(key):
-    from course_lib.units import find_unit, load_units, project_root
+    from course_lib.course import find_unit, load_units, project_root
     units = load_units()
     assert find_unit(key, units).name == "00_start"
     assert find_unit(str(project_root() / "units" / "07_flux"), units).name == "07_flux"
@@ -104,7 +104,7 @@ def test_find_unit_takes_a_unit_folder_path(key):
 
 
 def test_course_run_takes_a_unit_folder_and_names_its_output_after_the_unit(monkeypatch):
-    import course_lib.cli as cli
+    import course_lib.cli.main as cli
     seen = {}
     def fake_run_units(chosen, profile, out, timeout, notebooks=None):
         seen.update(units=[u.name for u in chosen], out=out)
@@ -117,7 +117,7 @@ def test_course_run_takes_a_unit_folder_and_names_its_output_after_the_unit(monk
 # ---- times: never "about 0 min" (item 7) ----------------------------------------------------------
 
 def test_format_duration_says_seconds_under_a_minute_and_a_half():
-    from course_lib.units import format_duration
+    from course_lib.course import format_duration
     assert format_duration(0.2) == "under 1 s"
     assert format_duration(25) == "25 s" and format_duration(89.4) == "89 s"
     assert format_duration(613) == "10.2 min"
@@ -127,7 +127,7 @@ def test_format_duration_says_seconds_under_a_minute_and_a_half():
 
 
 def test_site_unit_table_times_use_format_duration():
-    from course_lib.site_pages import _minutes
+    from course_lib.course.site_pages import _minutes
     assert _minutes(0.3) == "under 1 s" and _minutes(45) == "45 s" and _minutes(600) == "10.0 min"
 
 
@@ -148,7 +148,7 @@ def _page_notebooks():
 
 
 def test_a_page_shows_the_parameters_it_ran_with_once():
-    from course_lib.site_pages import executed_matches, with_current_text
+    from course_lib.course import executed_matches, with_current_text
     src, ex = _page_notebooks()
     assert executed_matches(ex, src)
     page = with_current_text(ex, src)
@@ -160,7 +160,7 @@ def test_a_page_shows_the_parameters_it_ran_with_once():
 
 
 def test_merge_parameters_adds_values_the_cell_does_not_set():
-    from course_lib.site_pages import merge_parameters
+    from course_lib.course import merge_parameters
     merged = merge_parameters("a = (1,\n     2)\nb = 'x'", "c = 3\na = [5]\n")
     assert merged == "a = [5]  # notebook default: see the notebook\nb = 'x'\nc = 3  # set by the run"
 
@@ -178,7 +178,7 @@ def _folder(tmp_path, name="my_dog", captions=None, n=3):
 
 
 def test_a_folder_without_captions_is_refused_naming_the_missing_caption_files(tmp_path):
-    from course_lib.lora_command import check_lora_folder
+    from course_lib.lora import check_lora_folder
     d = _folder(tmp_path)
     with pytest.warns(UserWarning, match="no caption file"), pytest.raises(
             ValueError, match=r"3 of 3 images have no caption file \(e\.g\. 0000\.txt\).*"
@@ -187,7 +187,7 @@ def test_a_folder_without_captions_is_refused_naming_the_missing_caption_files(t
 
 
 def test_captions_without_the_trigger_are_refused_by_the_folder_check(tmp_path):
-    from course_lib.lora_command import check_lora_folder
+    from course_lib.lora import check_lora_folder
     d = _folder(tmp_path, captions=["a photo of sks digit", "a four"])
     assert check_lora_folder(d, "sks") == {"images": 3, "caption_files": 3, "with_trigger": 2}
     with pytest.raises(ValueError, match=r"the trigger 'zwx' is in none of the 3 captions.*--trigger"):
@@ -199,16 +199,16 @@ def test_captions_without_the_trigger_are_refused_by_the_folder_check(tmp_path):
 
 def test_train_lora_names_a_caption_it_cannot_read_before_loading_a_prior(tmp_path):
     "train_lora used to fail inside encode_prompt on the folder-name caption ('my dog')."
-    from course_lib.lora_data import ConceptDataset
-    from course_lib.lora_train import LoRATrainConfig
-    from course_lib.lora_base import check_captions
+    from course_lib.lora import ConceptDataset
+    from course_lib.lora import LoRATrainConfig
+    from course_lib.lora import check_captions
     with pytest.warns(UserWarning):
         ds = ConceptDataset(_folder(tmp_path), size=16)
     with pytest.raises(ValueError, match="have no caption file"):
         check_captions(ds.captions, ds.caption_sources, ds.files, "sks", require_trigger=False)
     with pytest.warns(UserWarning, match="the trigger 'zwx' is in none"):
         check_captions(["a four"], ["sidecar"], [tmp_path / "a.png"], "zwx", require_trigger=False)
-    import inspect, course_lib.lora_train as lt, course_lib.lora_base as lb
+    import inspect, course_lib.lora.train as lt, course_lib.lora.base as lb
     src = inspect.getsource(lt._prepare)       # the captions are read before the prior set is drawn
     assert -1 < src.find("concept_labels(") < src.find("prior_set(")
     assert "check_captions(" in inspect.getsource(lb.concept_labels)
@@ -216,13 +216,13 @@ def test_train_lora_names_a_caption_it_cannot_read_before_loading_a_prior(tmp_pa
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])
 def test_negative_or_fractional_prior_images_are_refused_naming_the_value(bad):
-    from course_lib.lora_train import LoRATrainConfig
+    from course_lib.lora import LoRATrainConfig
     with pytest.raises(ValueError, match=rf"prior_images must be an int >= 0 \(0: off\), got {bad!r}"):
         LoRATrainConfig(prior_images=bad)
 
 
 def test_adapter_spec_with_a_weight_that_is_not_a_number_names_the_spec():
-    from course_lib.lora_command import parse_adapter_spec
+    from course_lib.lora import parse_adapter_spec
     assert parse_adapter_spec("a/b.safetensors") == ("a/b.safetensors", 1.0)
     assert parse_adapter_spec("x=y.safetensors=0.5") == ("x=y.safetensors", 0.5)
     for spec in ("X=abc", "X=nan", "=0.5"):
@@ -231,7 +231,7 @@ def test_adapter_spec_with_a_weight_that_is_not_a_number_names_the_spec():
 
 
 def test_settings_without_effect_in_a_lora_config_are_named():
-    from course_lib.lora_train import LoRATrainConfig
+    from course_lib.lora import LoRATrainConfig
     with pytest.warns(UserWarning, match=r"rank=4, alpha=4\.0 has no effect: full_finetune=True"):
         LoRATrainConfig(full_finetune=True, rank=4, alpha=4.0)
     with pytest.warns(UserWarning, match=r"prior_weight=0\.5 has no effect: prior_images=0"):
@@ -242,8 +242,8 @@ def test_settings_without_effect_in_a_lora_config_are_named():
 
 
 def test_lora_data_docstrings_name_the_right_tools():
-    from course_lib.lora_base import Augment
-    from course_lib.lora_data import ConceptDataset
+    from course_lib.lora import Augment
+    from course_lib.lora import ConceptDataset
     assert "ai-toolkit's `trigger_word`" in ConceptDataset.__doc__
     assert "keep_tokens' habit" not in ConceptDataset.__doc__
     assert "additive" in Augment.__doc__ and "multiplies" in Augment.__doc__
@@ -252,7 +252,8 @@ def test_lora_data_docstrings_name_the_right_tools():
 # ---- a damaged file is named, with what to do, never a parser's traceback (item 1) ----------------
 
 def test_a_damaged_flux_lora_file_is_named_before_diffusers_reads_it(tmp_path):
-    from course_lib.flux_lora_export import _lora_shapes, check_flux_lora
+    from course_lib.flux.lora_export import _lora_shapes
+    from course_lib.flux import check_flux_lora
     bad = tmp_path / "lora.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": ")       # a cut-off header
     with pytest.raises(ValueError, match=r"lora\.safetensors is not a readable safetensors LoRA "
@@ -265,7 +266,7 @@ def test_a_damaged_flux_lora_file_is_named_before_diffusers_reads_it(tmp_path):
 @pytest.mark.parametrize("damage", ["weights", "config", "tokenizer"])
 def test_a_damaged_model_directory_is_named_with_what_to_do(tiny_lm, tmp_path, damage, capsys):
     import shutil
-    from course_lib.bpb_command import load_local_lm, bpb_main
+    from course_lib.pile import load_local_lm, bpb_main
     d = tmp_path / "lm"
     shutil.copytree(tiny_lm, d)
     name = {"weights": "model.safetensors", "config": "config.json",
@@ -281,13 +282,13 @@ def test_a_damaged_model_directory_is_named_with_what_to_do(tiny_lm, tmp_path, d
 
 def test_a_damaged_cached_tiny_gpt2_says_delete_or_retrain(tiny_lm, tmp_path, monkeypatch):
     import shutil
-    import course_lib.lm as lm
+    import course_lib.pile.lm as lm
     d = tmp_path / "pile" / f"tiny-gpt2-{lm.TinyGPTConfig().key()}"
     shutil.copytree(tiny_lm, d)
     (d / "model.safetensors").write_bytes(b"\x00" * 12)
     monkeypatch.setattr(lm, "cache_dir", lambda *a: tmp_path / "pile")
     monkeypatch.setattr(lm, "restore_pretrained", lambda d: None)
-    import course_lib.cache as cache
+    import course_lib.core.cache as cache
     monkeypatch.setattr(cache, "check_cached", lambda *a, **k: None)
     with pytest.raises(ValueError, match=r"damaged or incomplete.*delete .*tiny_gpt2\(retrain=True\)"):
         lm.tiny_gpt2()
@@ -326,7 +327,8 @@ class _ToyUNet(torch.nn.Module):
 
 
 def test_guidance_settings_without_effect_are_named():
-    from course_lib.guidance import _warn_no_effect, GuidedUNet
+    from course_lib.flux.guidance import _warn_no_effect
+    from course_lib.flux import GuidedUNet
     with pytest.warns(UserWarning, match=r"negative=3 has no effect at guidance_scale=1"):
         _warn_no_effect(1.0, [1], 3)
     with pytest.warns(UserWarning, match=r"guidance_scale=3.0 has no effect without a prompt"):
@@ -341,7 +343,7 @@ def test_guidance_settings_without_effect_are_named():
 
 
 def test_sample_guided_warns_for_a_negative_at_guidance_one(monkeypatch):
-    import course_lib.guidance as g
+    import course_lib.flux.guidance as g
     monkeypatch.setattr(g, "sample", lambda *a, **k: "sampled")
     monkeypatch.setattr(g, "make_scheduler", lambda *a, **k: None)
     model = _ToyUNet()
@@ -354,7 +356,7 @@ def test_sample_guided_warns_for_a_negative_at_guidance_one(monkeypatch):
 
 def _adapter_file(tmp_path, **meta):
     from safetensors.torch import save_file
-    from course_lib.lora_files import ADAPTER_FORMAT
+    from course_lib.lora import ADAPTER_FORMAT
     m = {"format": ADAPTER_FORMAT, "base_hash": "abc", "rank": "2", "alpha": "2",
          "target_modules": '["to_q"]', **meta}
     p = tmp_path / "a.safetensors"
@@ -368,8 +370,8 @@ def _adapter_file(tmp_path, **meta):
                                               ("target_modules", "[to_q", "JSON"),
                                               ("use_rslora", "yes", "JSON")])
 def test_lead43_malformed_adapter_metadata_is_named(tmp_path, capsys, key, value, what):
-    from course_lib.lora_io import read_adapter
-    from course_lib.lora_command import lora_main
+    from course_lib.lora import read_adapter
+    from course_lib.lora import lora_main
     p = _adapter_file(tmp_path, **{key: value})
     import re
     with pytest.raises(ValueError, match=rf"a\.safetensors: adapter metadata '{key}' is "
@@ -380,14 +382,14 @@ def test_lead43_malformed_adapter_metadata_is_named(tmp_path, capsys, key, value
 
 
 def _refuse_base(monkeypatch):
-    import course_lib.lora_command as io
+    import course_lib.lora.run as io
     def no_base(*a, **k): raise AssertionError("the base model was loaded before the check")
     monkeypatch.setattr(io, "load_base", no_base)
 
 
 def test_lead43_lora_train_checks_the_folder_and_settings_before_the_base(tmp_path, monkeypatch,
                                                                          capsys):
-    from course_lib.lora_command import lora_main
+    from course_lib.lora import lora_main
     _refuse_base(monkeypatch)
     d = _folder(tmp_path)                                      # images, no caption files
     with pytest.warns(UserWarning):
@@ -402,7 +404,7 @@ def test_lead43_lora_train_checks_the_folder_and_settings_before_the_base(tmp_pa
 
 
 def test_lead43_lora_generate_names_a_bad_adapter_weight(tmp_path, monkeypatch, capsys):
-    from course_lib.lora_command import lora_main
+    from course_lib.lora import lora_main
     _refuse_base(monkeypatch)
     assert lora_main(["generate", "a sks digit", str(tmp_path / "o.png"), "--adapter", "X=abc"]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""course_lib.unet (lesson 10a, a UNet by hand): each piece against the library practitioners use (the timestep
+"""course_lib.ddpm.unet (lesson 10a, a UNet by hand): each piece against the library practitioners use (the timestep
 embedding against diffusers' `get_timestep_embedding` to 1e-6, the ResBlock against diffusers' `ResnetBlock2D`,
 attention against torch's `scaled_dot_product_attention` and `nn.MultiheadAttention` to 1e-5), the output shape
 and dtype of `TinyUNet` on odd sizes, and a clear error, naming the value, for each input it cannot take."""
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.unet import ResBlock, SelfAttention, TinyUNet, check_unet_sizes, timestep_embedding
+from course_lib.ddpm import ResBlock, SelfAttention, TinyUNet, check_unet_sizes, timestep_embedding
 
 
 # --- the timestep embedding against diffusers --------------------------------------------------------------------

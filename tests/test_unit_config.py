@@ -7,7 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.cli import load_unit, load_units, main, notebook_parameters
+from course_lib.course import load_unit, load_units, notebook_parameters
+from course_lib.cli import main
 
 
 def _nb(path: Path, params: str, cells=()):
@@ -25,7 +26,7 @@ def _project(tmp: Path, toml: str) -> Path:
     (tmp / "nbs").mkdir(parents=True)
     (tmp / "units" / "07_tiny").mkdir(parents=True)
     _nb(tmp / "nbs" / "a.ipynb", "lr, steps = 0.1, 1000", [
-        "from course_lib.core import record\nrecord('lr_seen', lr)\nrecord('steps_seen', steps)"])
+        "from course_lib.core.basics import record\nrecord('lr_seen', lr)\nrecord('steps_seen', steps)"])
     _nb(tmp / "nbs" / "b.ipynb", "n_samples = 10\nseed = 0", ["raise RuntimeError('b must not run')"])
     (tmp / "units" / "07_tiny" / "unit.toml").write_text(
         '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb", "b.ipynb"]\n' + toml)
@@ -91,7 +92,7 @@ def test_course_run_one_notebook_with_its_units_profile(tmp_path, monkeypatch, c
 
 
 def test_find_notebook_by_path_name_and_stem(tmp_path, monkeypatch, capsys):
-    from course_lib.cli import find_notebook
+    from course_lib.course import find_notebook
     proj = _project(tmp_path, OK_TOML)
     units = load_units(proj)
     a = proj / "nbs" / "a.ipynb"
@@ -128,7 +129,7 @@ def test_unit_kind_library_is_read_and_unknown_kinds_refused(tmp_path):
 
 def test_library_notebooks_are_their_own_unit_after_the_lessons(capsys):
     "Unit 0 listed the library's notebooks (core, data, cli, site, ...) as the learner's first lesson."
-    from course_lib.cli import find_unit
+    from course_lib.course import find_unit
     root = Path(__file__).resolve().parent.parent
     units = load_units(root)
     start, library = find_unit("start", units), find_unit("library", units)
@@ -148,7 +149,7 @@ def test_course_run_all_runs_the_library_last(tmp_path, monkeypatch, capsys):
     "`course run all` runs every unit in order of number: the lessons, then the library (unit 99)."
     proj = _project(tmp_path, OK_TOML)
     (proj / "units" / "99_lib").mkdir()
-    _nb(proj / "nbs" / "00_lib.ipynb", "seed = 0", ["from course_lib.core import record\nrecord('ran', 1)"])
+    _nb(proj / "nbs" / "00_lib.ipynb", "seed = 0", ["from course_lib.core.basics import record\nrecord('ran', 1)"])
     (proj / "units" / "99_lib" / "unit.toml").write_text('[unit]\nkind = "library"\nnotebooks = ["00_lib.ipynb"]\n')
     (proj / "units" / "07_tiny" / "unit.toml").write_text(
         '[unit]\ntitle = "Tiny"\nnotebooks = ["a.ipynb"]\n[profiles.quick]\nsteps = 3\n')

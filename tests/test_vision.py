@@ -14,11 +14,12 @@ from timm.data import create_transform
 
 from course_lib.data import Digits, split_indices
 from course_lib.vision import (
-    check_model_name, count_flops, count_params, model_data_config, normalize_images, target_task, save_model,
-    create_vision_model, load_finetuned, checkpoint_info, finetune, FinetuneConfig, layer_groups, random_shift,
-    tta_views, predict_logits, ensemble_logits, accuracy, choose_batch_size, export_onnx, export_torchscript,
-    quantize_int8, model_size_bytes, finetune_main, evaluate, square_symmetries, label_augmented)
-from course_lib.vision_command import _folder_dataset
+    check_model_name, count_flops, count_params, model_data_config, normalize_images, target_task,
+    save_model, create_vision_model, load_finetuned, checkpoint_info, finetune, FinetuneConfig,
+    layer_groups, random_shift, tta_views, predict_logits, ensemble_logits, accuracy,
+    choose_batch_size, export_onnx, export_torchscript, quantize_int8, model_size_bytes,
+    finetune_main, evaluate, square_symmetries, label_augmented)
+from course_lib.vision.finetune import _folder_dataset
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,9 @@ from safetensors.torch import save_file
 from torch.utils.data import TensorDataset
 
 from course_lib.data import Digits, ImageFolder, split_indices
-from course_lib.vision import (FinetuneConfig, checkpoint_info, check_checkpoint, create_vision_model, export_onnx,
-                               finetune, finetune_main, load_finetuned, model_data_config, predict_logits, save_model)
+from course_lib.vision import (
+    FinetuneConfig, checkpoint_info, check_checkpoint, create_vision_model, export_onnx, finetune,
+    finetune_main, load_finetuned, model_data_config, predict_logits, save_model)
 
 
 @pytest.fixture(autouse=True)
@@ -249,7 +250,7 @@ def test_course_finetune_vit_img_size_is_saved_and_reused(tmp_path, capsys):
     assert "img_size mismatch" in err and "create it with img_size=16" in err
 
 
-# ---- the input checks of course_lib.vision_checks (library notebook 55) ------------------------------------
+# ---- the input checks of course_lib.vision.checks (library notebook 55) ------------------------------------
 
 def test_malformed_img_size_is_refused_by_the_data_config():
     "model_data_config took img_size=0 and (32, 32, 1) and returned a config no image fits; now refused."
@@ -260,7 +261,7 @@ def test_malformed_img_size_is_refused_by_the_data_config():
 
 
 def test_finetune_argument_checks_name_the_fix():
-    from course_lib.vision_checks import check_finetune_inputs, dataset_tensors
+    from course_lib.vision import check_finetune_inputs, dataset_tensors
     ds = _tiny(n=4, size=8)
     with pytest.raises(ValueError, match="unknown strategy 'ful'"): finetune("course_resnet_32", ds, strategy="ful")
     with pytest.raises(ValueError, match="needs pretrained_file"): finetune("course_resnet_32", ds, strategy="lld")
@@ -279,7 +280,7 @@ def test_finetune_argument_checks_name_the_fix():
 
 
 def test_next_batch_walks_epochs_and_samples_small_sets():
-    from course_lib.vision_checks import next_batch
+    from course_lib.vision import next_batch
     g, perm, pos, seen = torch.Generator().manual_seed(0), torch.empty(0, dtype=torch.long), 0, []
     for _ in range(5):
         idx, perm, pos = next_batch(10, 5, g, perm, pos)

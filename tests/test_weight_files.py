@@ -44,10 +44,10 @@ def course(capsys, *args, says=()):
     return err
 
 
-# ------------------------------------------------------------------------- the shared check (course_lib.cache)
+# ------------------------------------------------------------------------- the shared check (course_lib.core.cache)
 
 def test_weights_problem_says_what_the_file_is(tmp_path):
-    from course_lib.weight_files import check_weights_file, file_kind, weights_problem
+    from course_lib.core import check_weights_file, file_kind, weights_problem
     good = tmp_path / "good.safetensors"
     save_file({"w": torch.zeros(4)}, str(good))
     torch.save({"w": torch.zeros(4)}, tmp_path / "good.pt")
@@ -74,7 +74,7 @@ def test_weights_problem_says_what_the_file_is(tmp_path):
 
 
 def test_folder_problem_names_the_damaged_file(tmp_path):
-    from course_lib.weight_files import check_weights_folder, folder_problem
+    from course_lib.core import check_weights_folder, folder_problem
     (tmp_path / "unet").mkdir()
     (tmp_path / "model_index.json").write_text('{"_class_name": "X"}')
     save_file({"w": torch.zeros(4)}, str(tmp_path / "unet" / "a.safetensors"))
@@ -123,7 +123,7 @@ def test_finetune_pretrained_that_is_not_a_checkpoint(tmp_path, capsys):
 
 def _tiny_lm(d):
     from transformers import GPT2Config, GPT2LMHeadModel
-    from course_lib.lm import train_bpe_tokenizer
+    from course_lib.pile import train_bpe_tokenizer
     tok = train_bpe_tokenizer(["bits per byte of a tiny model " * 4] * 3, vocab_size=280)
     cfg = GPT2Config(vocab_size=len(tok), n_positions=16, n_embd=8, n_layer=1, n_head=2,
                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
@@ -134,7 +134,7 @@ def _tiny_lm(d):
 
 def test_bpb_model_folder_names_the_damaged_file(tmp_path, capsys):
     "`course bpb --model DIR`: a truncated model.safetensors, an HTML config.json, a Git LFS pointer."
-    from course_lib.jsonl_zst import write_jsonl_zst
+    from course_lib.pile import write_jsonl_zst
     docs = tmp_path / "d.jsonl.zst"
     write_jsonl_zst(docs, [{"text": "bits per byte", "meta": {}}])
     d = _tiny_lm(tmp_path / "lm")
@@ -151,7 +151,7 @@ def test_bpb_model_folder_names_the_damaged_file(tmp_path, capsys):
 
 def test_lora_adapter_that_is_a_web_page_empty_or_cut(tmp_path, capsys):
     "`course lora info ADAPTER` (and `generate --adapter`, through the same `read_adapter`)."
-    from course_lib.lora_io import read_adapter
+    from course_lib.lora import read_adapter
     w = html(tmp_path / "a.safetensors")
     course(capsys, "lora", "info", w, says=[str(w), "not a safetensors file", "HTML page"])
     course(capsys, "lora", "info", empty(tmp_path / "e.safetensors"), says=["is empty (0 bytes)"])
@@ -169,8 +169,8 @@ def test_load_checkpoint_says_what_the_file_is(tmp_path):
 
 def test_flux_and_kohya_lora_files(tmp_path):
     "The FLUX LoRA reader (`check_flux_lora`, `load_flux_lora`) and kohya's (`read_kohya_lora`, `load_exported`)."
-    from course_lib.flux_lora_export import check_flux_lora
-    from course_lib.kohya import load_exported, read_kohya_lora
+    from course_lib.flux import check_flux_lora
+    from course_lib.flux import load_exported, read_kohya_lora
     w = html(tmp_path / "lora.safetensors")
     with pytest.raises(ValueError, match=r"lora\.safetensors .*HTML page"): check_flux_lora(None, w)
     with pytest.raises(ValueError, match=r"lora\.safetensors .*HTML page"): read_kohya_lora(w)
@@ -189,7 +189,7 @@ def test_studio_adapter_file_that_is_a_web_page(tmp_path):
 def flux_folder(tmp_path_factory):
     "A one-block FLUX-mini pipeline saved as `save_flux_mini` writes it (built once: seconds on a CPU)."
     from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-    from course_lib.flux_io import save_flux_mini
+    from course_lib.flux import save_flux_mini
     cfg = FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1)
     return cfg, save_flux_mini(make_flux_pipeline(cfg), tmp_path_factory.mktemp("flux") / "pipeline")
 
@@ -203,7 +203,7 @@ def halve(path):
 def test_flux_mini_folder_names_the_damaged_file(flux_folder, tmp_path):
     "`open_flux_mini(folder)`: the damaged file of the pipeline, not diffusers' OSError."
     import shutil
-    from course_lib.flux_io import open_flux_mini
+    from course_lib.flux import open_flux_mini
     folder = shutil.copytree(flux_folder[1], tmp_path / "pipe")
     assert open_flux_mini(folder, "cpu") is not None
     st = halve(sorted((folder / "transformer").glob("*.safetensors"))[0])
@@ -214,7 +214,7 @@ def test_flux_mini_folder_names_the_damaged_file(flux_folder, tmp_path):
 def test_cached_flux_mini_pipeline_names_the_damaged_file(flux_folder, tmp_path, monkeypatch):
     "`load_flux_mini`: a damaged cache entry is named down to the file, with the fix (delete, retrain=True)."
     import contextlib, shutil
-    import course_lib.flux_train as ft
+    import course_lib.flux.train as ft
     cfg, saved = flux_folder
     monkeypatch.setattr(ft, "cache_dir", lambda *a: tmp_path.joinpath(*a))
     monkeypatch.setattr(ft, "cached", lambda *a, **k: contextlib.nullcontext(True))   # a cache hit
@@ -227,7 +227,7 @@ def test_cached_flux_mini_pipeline_names_the_damaged_file(flux_folder, tmp_path,
 
 def test_lora_generate_checks_the_adapter_files_before_the_base_loads(tmp_path, capsys, monkeypatch):
     "`course lora generate --adapter A`: a web page or an empty file is named before minutes of base loading."
-    import course_lib.lora_command as lc
+    import course_lib.lora.run as lc
     def no_base(*a, **k): raise AssertionError("the base model loaded before the adapter files were checked")
     monkeypatch.setattr(lc, "load_base", no_base)
     w = html(tmp_path / "web.safetensors")

@@ -9,14 +9,14 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from course_lib.cli import load_units
+from course_lib.course import load_units
 from test_notebooks import quick_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 # the getting-started lesson, and a later one that loads course models (the DDPM, the digits judge)
 LESSONS = ["03_getting_started.ipynb", "13_sampling.ipynb"]
 PROBE = """import os, course_lib
-from course_lib.cli import project_root
+from course_lib.course import project_root
 print(course_lib.__file__)
 print(os.getcwd())
 try: print("in a clone:", project_root())

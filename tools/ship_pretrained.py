@@ -5,14 +5,14 @@
     python tools/ship_pretrained.py --rekey      # after a change of cache keys only: rename, no training
     python tools/ship_pretrained.py --restamp    # after a change of training code that trains the same
 
-Each shipped model has a record `<file>.cache.json` beside it (`course_lib.cache`) with the fingerprint of the
+Each shipped model has a record `<file>.cache.json` beside it (`course_lib.core.cache`) with the fingerprint of the
 code that trained it; `restore_pretrained` copies it into the cache, so a learner who edits a trainer is warned
 (`StaleCacheWarning`) on the first load. `tests/test_pretrained.py` fails when the library's training code no
 longer has the recorded fingerprint: retrain (the command above), or `--restamp` when the change trains the same.
 
 Each model is trained by the library's own loader (so its cache key is the one the lessons ask for) in the
 course cache named by COURSE_LIB_HOME, then copied to `course_lib/pretrained/<its path in the cache>`, where
-`course_lib.core.restore_pretrained` finds it. `course_lib/pretrained/provenance.json` records, for each file:
+`course_lib.core.basics.restore_pretrained` finds it. `course_lib/pretrained/provenance.json` records, for each file:
 its config, this command, the code version (git commit), the training time, the figures it reached, its size
 and SHA-256. `tests/test_pretrained.py` checks the files against it and retrains the judge from it."""
 import argparse, hashlib, json, os, platform, shutil, subprocess, sys, time
@@ -30,7 +30,7 @@ def train(kind: str) -> list[dict]:
     "Load (training on a cache miss) one kind of model; returns its artefacts: path, config, figures."
     from course_lib.core import cache_dir, load_checkpoint
     if kind == "classifier":
-        from course_lib.classifier import ClassifierConfig, load_digits_classifier
+        from course_lib.ddpm import ClassifierConfig, load_digits_classifier
         cfg = ClassifierConfig()
         m = load_digits_classifier(config=cfg)
         path = cache_dir("models", "digits_classifier") / f"{cfg.key()}.safetensors"
@@ -38,7 +38,7 @@ def train(kind: str) -> list[dict]:
                      call="load_digits_classifier(config=ClassifierConfig())")]
     if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):      # the lessons' models and the quick profile's
         from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
-        from course_lib.lora_base import base_config
+        from course_lib.lora import base_config
         cfg, call = {"ddpm": (DDPMConfig(), "load_pretrained_ddpm(DDPMConfig())"),
                      "base": (base_config(), "load_base(base_config())"),
                      "ddpm-quick": (DDPMConfig.quick(), "load_pretrained_ddpm(DDPMConfig.quick())"),
@@ -48,7 +48,7 @@ def train(kind: str) -> list[dict]:
         return [dict(path=path, config=cfg.to_dict(), call=call,
                      figures={"final_loss": m.history["loss"][-1], "train_seconds": m.history["seconds"]})]
     if kind == "vision":
-        from course_lib.vision_transfer import pretrained_source_model
+        from course_lib.vision import pretrained_source_model
         out = []
         for name, aug in (("course_resnet_32", "d4"), ("course_vit_32", "d4"), ("course_resnet_32", "none")):
             path = pretrained_source_model(name, steps=1000, label_augment=aug)
@@ -58,7 +58,7 @@ def train(kind: str) -> list[dict]:
                             figures={"val_acc": float(meta["val_acc"])}))
         return out
     if kind == "ncsn":                   # nbs/21_langevin.ipynb's digits NCSN (its full profile)
-        from course_lib.langevin import NCSNConfig, load_ncsn
+        from course_lib.score import NCSNConfig, load_ncsn
         cfg = NCSNConfig()
         load_ncsn(cfg)
         path = cache_dir("score", "ncsn") / f"ncsn-{cfg.key()}.safetensors"
@@ -67,7 +67,7 @@ def train(kind: str) -> list[dict]:
                      figures={"final_loss": float(losses[-50:].mean())})]
     if kind == "flow-quick":             # nbs/71_flow_matching.ipynb's quick profile: unit 1's quick budget
         from course_lib.ddpm import DDPMConfig
-        from course_lib.flow_training import FlowConfig, load_pretrained_flow
+        from course_lib.flux import FlowConfig, load_pretrained_flow
         cfg = FlowConfig.from_ddpm(DDPMConfig.quick())
         m = load_pretrained_flow(cfg, progress=False)
         path = cache_dir("models", "flow", cfg.key()) / "ema.safetensors"
@@ -76,7 +76,7 @@ def train(kind: str) -> list[dict]:
                               "train_seconds": m.history["seconds"]})]
     if kind == "flux-quick":             # nbs/72 and 73's quick profile: FLUX-mini, FluxMiniConfig.quick()
         from course_lib.flux import FluxMiniConfig
-        from course_lib.flux_train import load_flux_mini
+        from course_lib.flux import load_flux_mini
         cfg = FluxMiniConfig.quick()
         pipe = load_flux_mini(cfg, progress=False)
         path = cache_dir("models", "flux", cfg.key()) / "pipeline"
@@ -85,7 +85,7 @@ def train(kind: str) -> list[dict]:
                      figures={"final_flow_loss": float(sum(loss) / len(loss)),
                               "train_seconds": pipe.history["flow_seconds"]})]
     if kind == "gpt2":
-        from course_lib.lm import TinyGPTConfig, tiny_gpt2
+        from course_lib.pile import TinyGPTConfig, tiny_gpt2
         cfg = TinyGPTConfig(**GPT2)
         _, _, d = tiny_gpt2(cfg)
         loss = json.loads((d / "course_lib.json").read_text())["loss"]
@@ -96,9 +96,9 @@ def train(kind: str) -> list[dict]:
 
 def cache_path(kind: str, config: dict) -> str:
     "Where the current library's loader looks for the model `kind` with the provenance `config` (cache-relative)."
-    from course_lib.cache import cache_key
+    from course_lib.core import cache_key
     if kind == "classifier":
-        from course_lib.classifier import ClassifierConfig
+        from course_lib.ddpm import ClassifierConfig
         return f"models/digits_classifier/{ClassifierConfig(**config).key()}.safetensors"
     if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):
         from course_lib.ddpm import DDPMConfig
@@ -107,33 +107,33 @@ def cache_path(kind: str, config: dict) -> str:
         key = cache_key("vision_source", {k: v for k, v in config.items() if k != "v"}, code_version=config["v"])
         return f"vision/{config['model']}-source-{key}.safetensors"
     if kind == "ncsn":
-        from course_lib.langevin import NCSNConfig
+        from course_lib.score import NCSNConfig
         return f"score/ncsn/ncsn-{NCSNConfig(**config).key()}.safetensors"
     if kind == "flow-quick":
-        from course_lib.flow_training import FlowConfig
+        from course_lib.flux import FlowConfig
         return f"models/flow/{FlowConfig(**config).key()}/ema.safetensors"
     if kind == "flux-quick":
         from course_lib.flux import FluxMiniConfig
         cfg = FluxMiniConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
         return f"models/flux/{cfg.key()}/pipeline"
     if kind == "gpt2":
-        from course_lib.lm import TinyGPTConfig
+        from course_lib.pile import TinyGPTConfig
         return f"pile/tiny-gpt2-{TinyGPTConfig(**config).key()}"
     raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
 
 
-TRAINERS = {"classifier": ("course_lib.classifier", "train_digits_classifier"),
-            "ddpm": ("course_lib.ddpm_training", "train_ddpm"), "base": ("course_lib.ddpm_training", "train_ddpm"),
-            "ddpm-quick": ("course_lib.ddpm_training", "train_ddpm"),
-            "base-quick": ("course_lib.ddpm_training", "train_ddpm"), "gpt2": ("course_lib.lm", "train_tiny_gpt2"),
-            "ncsn": ("course_lib.langevin", "train_ncsn"), "flow-quick": ("course_lib.flow_training", "train_flow"),
-            "flux-quick": ("course_lib.flux_train", "train_flux_mini")}
+TRAINERS = {"classifier": ("course_lib.ddpm.classifier", "train_digits_classifier"),
+            "ddpm": ("course_lib.ddpm.training", "train_ddpm"), "base": ("course_lib.ddpm.training", "train_ddpm"),
+            "ddpm-quick": ("course_lib.ddpm.training", "train_ddpm"),
+            "base-quick": ("course_lib.ddpm.training", "train_ddpm"), "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"),
+            "ncsn": ("course_lib.score.langevin", "train_ncsn"), "flow-quick": ("course_lib.flux.flow_training", "train_flow"),
+            "flux-quick": ("course_lib.flux.train", "train_flux_mini")}
 
 
 def trainer_fingerprint(kind: str) -> str | None:
     "The code fingerprint the loader of `kind` records (None: its loader keeps no record)."
     import importlib
-    from course_lib.cache import code_fingerprint
+    from course_lib.core import code_fingerprint
     if kind not in TRAINERS: return None
     mod, name = TRAINERS[kind]
     return code_fingerprint(getattr(importlib.import_module(mod), name))
@@ -141,7 +141,7 @@ def trainer_fingerprint(kind: str) -> str | None:
 
 def restamp(dest: Path, prov: dict) -> None:
     "Write each shipped model's record with the current training code's fingerprint."
-    from course_lib.cache import record_cached
+    from course_lib.core import record_cached
     for rel, m in prov["models"].items():
         code = trainer_fingerprint(m["kind"])
         if code is None: continue

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     if not (args.site / "index.html").is_file():
         sys.exit(f"{args.site} has no index.html: build the site first (course site --out {args.site})")
     from playwright.sync_api import sync_playwright
-    from course_lib.units import load_units
+    from course_lib.course import load_units
     args.out.mkdir(parents=True, exist_ok=True)
     server, base = serve(args.site)
     rows = []

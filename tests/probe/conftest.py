@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_collection_modifyitems(config, items):
     "A probe_*.py test collected in a process without the probe (a typo'd command line) is an error, not a pass."
-    from course_lib import device_probe
+    from course_lib.core import device_probe
     probe_items = [i for i in items if i.path.name.startswith("probe_")]
     if probe_items and device_probe.kind() is None:
         raise pytest.UsageError("tests/probe/probe_*.py run under the device probe only: use "

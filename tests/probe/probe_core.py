@@ -3,7 +3,7 @@ would, and values are the CPU's."""
 import pytest
 import torch
 
-from course_lib.device_probe import ProbeTensor, kind, ops_on_device
+from course_lib.core import ProbeTensor, kind, ops_on_device
 
 DEV = kind()
 

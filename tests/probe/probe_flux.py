@@ -1,6 +1,6 @@
 """Unit 7 (guidance, flow matching, FLUX in miniature) on the accelerator, under the device probe (issue 27): the
 samplers take a generator on either device (CPU or the model's), the FLUX-mini pipeline opens on the learner's
-device (`course_lib.core.get_device()`), and FLUX-mini and its LoRA train and sample there. Before the fixes a
+device (`course_lib.core.basics.get_device()`), and FLUX-mini and its LoRA train and sample there. Before the fixes a
 generator on the device was refused ("Expected a 'cpu' device type for generator"), `open_flux_mini` left the
 pipeline on the CPU, and the trainers mixed CPU noise into device models."""
 import copy
@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from course_lib.device_probe import kind, ops_on_device
+from course_lib.core import kind, ops_on_device
 
 DEV = kind()
 SMALL = dict(num_layers=1, num_single_layers=1, text_layers=1)
@@ -31,7 +31,7 @@ def guided():
 @pytest.mark.parametrize("where", ["cpu", "device"])
 @pytest.mark.parametrize("sampler", ["ancestral", "ddpm", "ddim", "dpm++"])
 def test_sample_guided_takes_a_generator_on_either_device(guided, where, sampler):
-    from course_lib.guidance import sample_guided
+    from course_lib.flux import sample_guided
     before = ops_on_device()
     u8, x = sample_guided(guided, 4, [0, 1, 2, 3], 3.0, 2, generator=gen(where), sampler=sampler)
     assert u8.shape == (4, 1, 8, 8) and u8.device.type == "cpu" and torch.isfinite(x).all()
@@ -55,7 +55,7 @@ def test_ddpm_sample_takes_a_generator_on_either_device(where, sampler):
 @pytest.fixture(scope="module")
 def flow():
     from course_lib.ddpm import DDPMConfig
-    from course_lib.flow_training import FlowConfig, make_flow_model
+    from course_lib.flux import FlowConfig, make_flow_model
     torch.manual_seed(0)
     cfg = FlowConfig.from_ddpm(DDPMConfig.quick(), num_classes=10, label_dropout=0.1)
     m = make_flow_model(cfg).eval()
@@ -65,7 +65,7 @@ def flow():
 
 @pytest.mark.parametrize("where", ["cpu", "device"])
 def test_sample_flow_takes_a_generator_on_either_device(flow, where):
-    from course_lib.flow_training import sample_flow
+    from course_lib.flux import sample_flow
     on_dev = copy.deepcopy(flow).to(DEV)
     u8, x = sample_flow(on_dev, 4, 2, class_labels=[0, 1, 2, 3], guidance_scale=2.0, generator=gen(where))
     assert u8.shape == (4, 1, 8, 8) and x.device.type == "cpu" and torch.isfinite(x).all()
@@ -79,14 +79,14 @@ def test_sample_flow_takes_a_generator_on_either_device(flow, where):
 def saved(tmp_path_factory):
     "An untrained small FLUX-mini pipeline, saved as `load_flux_mini` caches one."
     from course_lib.flux import FluxMiniConfig, make_flux_pipeline
-    from course_lib.flux_io import save_flux_mini
+    from course_lib.flux import save_flux_mini
     return save_flux_mini(make_flux_pipeline(FluxMiniConfig(**SMALL)), tmp_path_factory.mktemp("fm") / "pipe")
 
 
 def test_open_flux_mini_puts_the_pipeline_on_the_device(saved):
     from course_lib.flux import generate
-    from course_lib.flux_io import open_flux_mini
-    from course_lib.flux_train import judge_prompt_rate
+    from course_lib.flux import open_flux_mini
+    from course_lib.flux import judge_prompt_rate
     pipe = open_flux_mini(saved)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         assert getattr(pipe, name).device.type == DEV, name
@@ -107,7 +107,7 @@ def test_open_flux_mini_puts_the_pipeline_on_the_device(saved):
 def test_flux_velocity_follows_the_pipeline(saved):
     "Lesson 72's own Euler loop: `FluxVelocity` on the pipeline's device, its tables there too."
     from course_lib.flux import FluxVelocity, caption_table, encode_latents
-    from course_lib.flux_io import open_flux_mini
+    from course_lib.flux import open_flux_mini
     pipe = open_flux_mini(saved)
     table, pe, pooled, ids = caption_table(pipe, ["seven", "two"])
     assert pe.device.type == DEV
@@ -121,7 +121,7 @@ def test_flux_velocity_follows_the_pipeline(saved):
 
 def test_train_flux_mini_trains_on_the_device():
     from course_lib.flux import FluxMiniConfig
-    from course_lib.flux_train import train_flux_mini
+    from course_lib.flux import train_flux_mini
     before = ops_on_device()
     pipe = train_flux_mini(FluxMiniConfig(**SMALL, steps=2, vae_steps=2, batch_size=8), progress=False)
     assert pipe.vae.device.type == DEV and pipe.transformer.device.type == DEV
@@ -131,21 +131,21 @@ def test_train_flux_mini_trains_on_the_device():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from course_lib.flux_lora_train import write_corner_folder
+    from course_lib.flux import write_corner_folder
     return write_corner_folder(tmp_path_factory.mktemp("corner") / "images", n=8, pixels=16)
 
 
 def lora_cfg(**kw):
-    from course_lib.flux_lora_train import FluxLoRAConfig
+    from course_lib.flux import FluxLoRAConfig
     return FluxLoRAConfig(**{"rank": 4, "alpha": 4.0, "steps": 3, "batch_size": 4, "lr": 1e-2,
                              "checkpoint_every": 2, **kw})
 
 
 @pytest.mark.parametrize("text_encoder", [False, True], ids=["transformer", "with-clip"])
 def test_flux_lora_trains_and_reloads_on_the_device(saved, folder, tmp_path, text_encoder):
-    from course_lib.flux_io import open_flux_mini
-    from course_lib.flux_lora_export import load_flux_lora, save_flux_lora
-    from course_lib.flux_lora_train import flux_generate, train_flux_lora
+    from course_lib.flux import open_flux_mini
+    from course_lib.flux import load_flux_lora, save_flux_lora
+    from course_lib.flux import flux_generate, train_flux_lora
     base = open_flux_mini(saved)
     lora = copy.deepcopy(base)
     before = ops_on_device()
@@ -166,8 +166,8 @@ def test_flux_lora_trains_and_reloads_on_the_device(saved, folder, tmp_path, tex
 
 def test_flux_lora_on_a_bf16_base_on_the_device(saved, folder):
     "How FLUX trainers run on a GPU: a bfloat16 base, float32 LoRA weights (diffusers' cast_training_params)."
-    from course_lib.flux_io import open_flux_mini
-    from course_lib.flux_lora_train import flux_generate, train_flux_lora
+    from course_lib.flux import open_flux_mini
+    from course_lib.flux import flux_generate, train_flux_lora
     pipe = open_flux_mini(saved).to(torch.bfloat16)
     run = train_flux_lora(pipe, folder, lora_cfg(), progress=False)
     lora = [p for n, p in pipe.transformer.named_parameters() if "lora_" in n]

@@ -4,9 +4,9 @@ float64 density and score follow `x`'s device (on MPS, an explicit CPU step: MPS
 import pytest
 import torch
 
-from course_lib.device_probe import kind
-from course_lib.score_matching import ScoreMLP, relative_score_errors, score_error
-from course_lib.score_toys import make_mixture
+from course_lib.core import kind
+from course_lib.score import ScoreMLP, relative_score_errors, score_error
+from course_lib.score import make_mixture
 
 DEV = kind()
 
@@ -32,7 +32,7 @@ def test_score_errors_of_a_model_on_the_device():
 def test_sample_distances_from_the_device():
     """The sample statistics of unit 2 take samples on the device: float64 on the CPU (on 767c4b0
     `sliced_wasserstein` mixed the device with its CPU directions, the others cast to float64 where MPS has none)."""
-    from course_lib.langevin import component_weights, energy_distance, sliced_wasserstein
+    from course_lib.score import component_weights, energy_distance, sliced_wasserstein
     gmm = make_mixture("four")
     x = gmm.sample(32, torch.Generator().manual_seed(0)).to(DEV)
     y = gmm.sample(32, torch.Generator().manual_seed(1))
@@ -42,7 +42,7 @@ def test_sample_distances_from_the_device():
 
 
 def test_float_images_from_the_device_to_uint8():
-    from course_lib.metrics_images import as_uint8_images
+    from course_lib.metrics import as_uint8_images
     x = torch.rand(4, 1, 8, 8, device=DEV) * 2 - 1
     u = as_uint8_images(x)
     assert u.dtype == torch.uint8 and u.shape[0] == 4
@@ -51,7 +51,7 @@ def test_float_images_from_the_device_to_uint8():
 def test_generators_on_the_device_for_unit_2():
     """A generator on the device draws for the mixture's samples, Langevin, annealed Langevin and the ELBO (on
     f9f3a38 each refused it); MPS gets no float64 (sigmas given on the device)."""
-    from course_lib.langevin import annealed_langevin, langevin
+    from course_lib.score import annealed_langevin, langevin
     g = torch.Generator(DEV).manual_seed(0)
     gmm = make_mixture("four")
     assert gmm.sample(5, generator=g).shape == (5, 2)

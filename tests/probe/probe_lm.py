@@ -4,8 +4,8 @@ BPB evaluation runs where the model is."""
 import torch
 from accelerate.state import AcceleratorState, PartialState
 
-from course_lib.device_probe import kind
-from course_lib.lm import TinyGPTConfig, train_tiny_gpt2
+from course_lib.core import kind
+from course_lib.pile import TinyGPTConfig, train_tiny_gpt2
 
 DEV = kind()
 

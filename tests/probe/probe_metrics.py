@@ -3,7 +3,7 @@ features come back as float64 on the CPU (on 767c4b0 `extract_features` cast to 
 which MPS refuses)."""
 import torch
 
-from course_lib.device_probe import kind
+from course_lib.core import kind
 from course_lib.metrics import extract_features
 
 DEV = kind()

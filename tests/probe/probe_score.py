@@ -4,9 +4,9 @@ the model's device, noise comes from a generator on either device, and scipy's f
 import pytest
 import torch
 
-from course_lib.device_probe import kind
-from course_lib.sde import VESDE, VPSDE, euler_maruyama_sampler, pc_sampler
-from course_lib.sde_numerics import ode_likelihood, ode_sampler
+from course_lib.core import kind
+from course_lib.score import VESDE, VPSDE, euler_maruyama_sampler, pc_sampler
+from course_lib.score import ode_likelihood, ode_sampler
 
 DEV = kind()
 
@@ -48,7 +48,7 @@ def test_ode_sampler_and_likelihood_on_the_device():
 
 def test_ncsn_trained_or_loaded_is_on_the_device(tmp_path, monkeypatch):
     "On 767c4b0 `load_ncsn` returned a freshly trained model on the device but a cached one on the CPU."
-    from course_lib.langevin import NCSNConfig, load_ncsn
+    from course_lib.score import NCSNConfig, load_ncsn
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
     cfg = NCSNConfig(channels=(8, 8, 8), steps=2, batch_size=4)
     for _ in ("trained", "loaded"):
@@ -61,7 +61,7 @@ def test_ddpm_as_score_model_and_its_elbo(where):
     images on the CPU or the device: the network runs where it is, the float64 tables and sums stay on the CPU
     (on 767c4b0 both mixed devices, and the tables' float64 would have reached an MPS device)."""
     from course_lib.ddpm import DDPMConfig, make_unet
-    from course_lib.sde_digits import ScheduleVPSDE, ddpm_elbo_bpd, ddpm_score_fn
+    from course_lib.score import ScheduleVPSDE, ddpm_elbo_bpd, ddpm_score_fn
     cfg = DDPMConfig(block_out_channels=(8, 16), norm_num_groups=8, num_train_timesteps=50)
     unet = make_unet(cfg).to(DEV).eval()
     schedule = cfg.schedule()
@@ -81,7 +81,7 @@ def test_schedule_sde_draws_its_own_start_and_elbo_takes_a_device_generator():
     """`ScheduleVPSDE.prior_sampling` takes the device the solvers pass (on f9f3a38 a TypeError, on the CPU too),
     and the ELBO draws with a generator on either device."""
     from course_lib.ddpm import DDPMConfig, NoiseSchedule, make_unet
-    from course_lib.sde_digits import ScheduleVPSDE, ddpm_elbo_bpd
+    from course_lib.score import ScheduleVPSDE, ddpm_elbo_bpd
     sde = ScheduleVPSDE(NoiseSchedule(30, "linear").alpha_bar)
     for dev in ("cpu", DEV):
         x = euler_maruyama_sampler(sde, lambda y, t: -y, (2, 3), n_steps=3, device=dev)

@@ -6,10 +6,10 @@ import timm
 import torch
 from torch.utils.data import TensorDataset
 
-import course_lib.vision_registry  # noqa: F401  (registers the course's timm models)
-from course_lib.device_probe import kind
+import course_lib.vision.registry  # noqa: F401  (registers the course's timm models)
+from course_lib.core import kind
 from course_lib.vision import export_onnx, export_torchscript, predict_logits
-from course_lib.vision_transfer import evaluate
+from course_lib.vision import evaluate
 
 DEV = kind()
 
