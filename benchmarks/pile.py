@@ -25,7 +25,8 @@ from pathlib import Path
 import zstandard
 
 from course_lib.pile import read_jsonl_zst, write_jsonl_zst, ReadStats
-from course_lib.pile import mini_pile_records, format_table, pile_main
+from course_lib.pile import mini_pile_records, format_table
+from course_lib.cli.pile import pile_main
 from course_lib.pile.mini import _stats_one
 from course_lib.pile.jsonl_zst import _loads, _records
 from course_lib.core import start_method

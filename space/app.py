@@ -1,5 +1,5 @@
 """The course's LoRA studio as a Hugging Face Space: the same app as `course studio`
-(`course_lib.studio.app.build_studio`). Runs, checkpoints and exports live under $COURSE_STUDIO_ROOT (default
+(`course_lib.studio.page.build_studio`). Runs, checkpoints and exports live under $COURSE_STUDIO_ROOT (default
 `studio/` beside this file; on a Space, a persistent-storage path such as /data/studio keeps them across
 restarts)."""
 import os

@@ -7,7 +7,7 @@ import torch
 import zstandard
 
 from course_lib.pile import BPBResult, bpb, n_bytes, prefix_token_id, rolling_windows
-from course_lib.pile import bpb_main
+from course_lib.cli.bpb import bpb_main
 from course_lib.pile import COMPRESSORS, compressor_bpb
 from course_lib.pile import train_bpe_tokenizer
 from course_lib.pile import write_jsonl_zst

@@ -9,7 +9,7 @@ import torch
 import zstandard
 
 from course_lib.pile import bpb
-from course_lib.pile import bpb_main
+from course_lib.cli.bpb import bpb_main
 from course_lib.pile import train_bpe_tokenizer
 from course_lib.pile import write_jsonl_zst
 

@@ -10,8 +10,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from course_lib.cli import main as cli
-from course_lib.course import lesson_notebook, site_settings
+from course_lib.cli import main
+from course_lib.course import MissingExtra, lesson_notebook, run_notebook, site_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = configparser.ConfigParser(delimiters=["="], interpolation=None)
@@ -138,9 +138,9 @@ def test_site_page_shows_one_badge():
 def test_missing_extra_names_the_install(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "papermill", None)      # as if only the runtime were installed
     want = r'papermill is not installed.*pip install "course_lib\[course\]"'
-    with pytest.raises(cli.MissingExtra, match=want):
-        cli.run_notebook(ROOT / "nbs" / "03_getting_started.ipynb", tmp_path / "out.ipynb")
-    assert cli.main(["run", "start", "--profile", "quick", "--out", str(tmp_path / "runs")]) == 2
+    with pytest.raises(MissingExtra, match=want):
+        run_notebook(ROOT / "nbs" / "03_getting_started.ipynb", tmp_path / "out.ipynb")
+    assert main(["run", "start", "--profile", "quick", "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert "course run: error: papermill is not installed" in err, err
     assert 'pip install "course_lib[course]"' in err, err

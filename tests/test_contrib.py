@@ -43,10 +43,10 @@ def test_new_notebook_passes_the_test_suite_unchanged(tmp_path):
     r = course(["new", "05_first_lesson", "--unit", "0", "--title", "My first lesson"], proj, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     nb = proj / "nbs" / "05_first_lesson.ipynb"
-    assert nb.is_file() and (proj / "course_lib" / "first_lesson.py").is_file()
+    assert nb.is_file() and (proj / "course_lib" / "course" / "first_lesson.py").is_file()
     text = nb.read_text()
-    assert "# My first lesson" in text and "#| default_exp first_lesson" in text and "__MODULE__" not in text
-    assert "def noise_moments" in (proj / "course_lib" / "first_lesson.py").read_text()
+    assert "# My first lesson" in text and "#| default_exp course.first_lesson" in text and "__MODULE__" not in text
+    assert "def noise_moments" in (proj / "course_lib" / "course" / "first_lesson.py").read_text()
     cfg = tomllib.loads((proj / "units" / "00_start" / "unit.toml").read_text())
     assert cfg["unit"]["notebooks"][-1] == "05_first_lesson.ipynb"
     assert cfg["profiles"]["quick"]["05_first_lesson"] == {"n_samples": 2000}
@@ -71,7 +71,10 @@ def small(tmp_path, monkeypatch):
     for d in ["nbs", "course_lib", "units/00_start", "units/01_ddpm", "templates"]: (proj / d).mkdir(parents=True)
     shutil.copy(ROOT / "templates" / "notebook.ipynb", proj / "templates")
     (proj / "nbs" / "03_getting_started.ipynb").write_text("{}")
-    (proj / "course_lib" / "core.py").write_text("")
+    for pkg in ["core", "ddpm"]:                      # two subpackages, one with a module
+        (proj / "course_lib" / pkg).mkdir()
+        (proj / "course_lib" / pkg / "__init__.py").write_text("")
+    (proj / "course_lib" / "core" / "basics.py").write_text("")
     (proj / "units" / "00_start" / "unit.toml").write_text('[unit]\ntitle = "Start"\nnotebooks = ["03_getting_started.ipynb"]\n')
     (proj / "units" / "01_ddpm" / "unit.toml").write_text(
         '# the DDPM unit\n[unit]\ntitle = "DDPM"\nnotebooks = [\n  "10_a.ipynb",  # forward\n]\n\n[profiles.quick]\nseed = 0\n')
@@ -81,7 +84,7 @@ def small(tmp_path, monkeypatch):
 
 
 def test_new_registers_in_a_unit_keeping_its_layout(small, capsys):
-    from course_lib.course import new_main
+    from course_lib.cli.new import new_main
     assert new_main(["11_guidance", "--unit", "ddpm", "--no-export"]) == 0
     text = (small / "units" / "01_ddpm" / "unit.toml").read_text()
     assert text.startswith("# the DDPM unit\n") and '"10_a.ipynb",  # forward\n  "11_guidance.ipynb",\n]' in text
@@ -104,12 +107,14 @@ def test_new_registers_in_a_unit_keeping_its_layout(small, capsys):
     (["../04_x", "--unit", "0"], "bad notebook name"),
     (["18_x", "--unit", "0"], "does not fit unit 0"),
     (["03_other", "--unit", "0"], "number 03 is taken"),
-    (["06_x", "--unit", "0", "--module", "core"], "course_lib/core/basics.py already exists"),
+    (["06_x", "--unit", "0", "--module", "core.basics"], "course_lib/core/basics.py already exists"),
+    (["06_x", "--unit", "0", "--module", "core"], "bad module name 'core'"),
+    (["06_x", "--unit", "0", "--module", "nowhere.x"], "no subpackage 'nowhere'"),
     (["06_x", "--unit", "0", "--module", "class"], "bad module name"),
     (["04_x"], "required: --unit"),
 ])
 def test_new_rejects_bad_requests(small, capsys, args, msg):
-    from course_lib.course import new_main
+    from course_lib.cli.new import new_main
     before = {p: p.read_bytes() for p in small.rglob("*") if p.is_file()}
     assert new_main(args) == 2
     assert msg in capsys.readouterr().err

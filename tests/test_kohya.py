@@ -1,6 +1,7 @@
-"""course_lib.flux.kohya (notebook 81): LoRA files in kohya's layout for unit 4's UNet and unit 7's FLUX pipeline
-(written, read back, loaded by diffusers' own `load_lora_weights`), and the export options with their
-measured cost (file size, largest output change, concept rate), scaled right for rsLoRA and the patterns.
+"""course_lib.flux.kohya_format (notebook 81a): LoRA files in kohya's layout for unit 4's UNet and unit 7's FLUX
+pipeline (written, read back, loaded by diffusers' own `load_lora_weights`), and course_lib.flux.kohya (notebook 81):
+the export options with their measured cost (file size, largest output change, concept rate), scaled right for
+rsLoRA and the patterns.
 Small untrained models with random LoRA weights: seconds each."""
 import copy
 

@@ -345,7 +345,7 @@ def test_switch_blend_merge(tiny_base, trained):
 def test_adapter_files_bad_input(tiny_base, trained, monkeypatch):
     from safetensors.torch import save_file, load_file
     from course_lib.lora import save_adapter, load_adapter, read_adapter
-    from course_lib.lora import lora_main
+    from course_lib.cli.lora import lora_main
     model, res, ds, tmp = trained
     good = save_adapter(model, tmp / "good.safetensors", "concept", trigger="sks")
     t, meta = read_adapter(good)

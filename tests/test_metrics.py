@@ -9,7 +9,7 @@ from course_lib.metrics import (
     FD_METHODS, FewSamplesWarning, check_features, feature_statistics, fid_from_features,
     fid_infinity, frechet_distance)
 from course_lib.metrics import inception_score, kid
-from course_lib.metrics import fidelity as metrics, metrics_io
+from course_lib.metrics import fidelity as metrics, io as metrics_io
 from course_lib.cli import fid_main
 
 import torch_fidelity.metric_fid as tf_fid

@@ -9,7 +9,7 @@ import zstandard
 from PIL import Image
 
 from course_lib.pile import PileFormatError, read_jsonl_zst
-from course_lib.pile import pile_main
+from course_lib.cli.pile import pile_main
 
 RECORDS = [{"text": f"record {i}: the quick brown fox jumps over the lazy dog {i % 7}",
             "meta": {"pile_set_name": "A" if i % 2 else "B"}} for i in range(400)]
@@ -82,7 +82,7 @@ def test_course_pile_stats_takes_a_zstd_dictionary(zdict, tmp_path):
 
 
 def test_course_bpb_takes_a_zstd_dictionary(zdict, tmp_path, capsys):
-    from course_lib.pile import bpb_main
+    from course_lib.cli.bpb import bpb_main
     from test_bpb_inputs import tiny as tiny_fixture   # a random GPT-2 with 32 positions
     model, tok, m = tiny_fixture.__wrapped__(tmp_path_factory=_Factory(tmp_path))
     d, dict_file, did, shard = zdict
@@ -243,7 +243,7 @@ def test_a_needed_dictionary_is_a_usage_error(zdict, tmp_path, capsys):
 
 
 def test_decontaminate_refuses_each_split_name_that_is_a_folder(tmp_path, monkeypatch, capsys):
-    import course_lib.pile.mini as pc
+    import course_lib.cli.pile as pc
     def no_mini_pile(*a, **k): raise AssertionError("the mini-Pile was used")
     monkeypatch.setattr(pc, "mini_pile", no_mini_pile)
     monkeypatch.chdir(tmp_path)

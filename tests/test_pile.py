@@ -10,7 +10,8 @@ from course_lib.pile import (
     PILE_TABLE1, PILE_RAW_GIB, PILE_EFFECTIVE_GIB, count_subsets, composition_table, filter_subsets,
     split_of, SPLITS, MINI_PILE_SUBSETS)
 from course_lib.pile import load_corpus
-from course_lib.pile import build_mini_pile, pile_main
+from course_lib.pile import build_mini_pile
+from course_lib.cli.pile import pile_main
 
 RECORDS = [
     {"text": "héllo wörld ✓ 你好 🙂", "meta": {"pile_set_name": "Pile-CC"}},

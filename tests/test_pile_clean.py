@@ -1,4 +1,5 @@
-"""course_lib.pile.clean against exact answers and the professional libraries (nbs/69_pile_clean.ipynb).
+"""course_lib.pile.clean (nbs/69_pile_clean.ipynb: dedup, MinHash) and course_lib.pile.quality
+(nbs/69b_pile_quality.ipynb: Gopher rules, decontamination) against exact answers and the professional libraries.
 
 Documents: the mini-Pile (`mini_pile(0.5)`, built in about 2 s into the test cache), its train, val and test
 splits, plus near-duplicates made from them by replacing a fraction of their words. Each test states the

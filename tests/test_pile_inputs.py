@@ -14,7 +14,7 @@ from course_lib.pile import CorruptStreamError, PileFormatError, ReadStats, read
 from course_lib.pile import count_subsets, filter_subsets, pile_set_name
 from course_lib.pile import load_corpus
 from course_lib.pile.mini import _stats_one
-from course_lib.pile import pile_main
+from course_lib.cli.pile import pile_main
 
 LINES = [{"text": f"record {i} " + "abc " * 50, "meta": {"pile_set_name": "Github", "i": i}}
          for i in range(200)]
@@ -209,10 +209,10 @@ def test_no_flipped_byte_changes_records_silently(tmp_path):
 # ---- kind 2: errors cross processes; output stays valid ----------------------------------------
 
 def library_exception_classes():
-    "Every exception (and warning) class defined in course_lib's modules."
+    "Every exception (and warning) class defined in course_lib's modules, its subpackages' included."
     out = {}
-    for m in pkgutil.iter_modules(course_lib.__path__):
-        mod = importlib.import_module(f"course_lib.{m.name}")
+    for m in pkgutil.walk_packages(course_lib.__path__, "course_lib."):
+        mod = importlib.import_module(m.name)
         for name, obj in vars(mod).items():
             ours = inspect.isclass(obj) and obj.__module__ == mod.__name__
             if ours and issubclass(obj, BaseException):

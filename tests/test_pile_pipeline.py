@@ -1,5 +1,6 @@
-"""course_lib.pile.pipeline (datatrove) and `course pile clean`: reader formats and error policy,
-accounting that adds up, dedup across tasks, resume after a kill, the executor swap to Ray, the CLI."""
+"""course_lib.pile.steps and course_lib.pile.pipeline (datatrove) and `course pile clean`: reader formats
+and error policy, accounting that adds up, dedup across tasks, resume after a kill, the executor swap to
+Ray, the CLI."""
 import gzip, json, os, random, re, signal, subprocess, sys, textwrap, time
 from collections import Counter
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 pytest.importorskip("datatrove")
 from course_lib.pile import PileFormatError, read_jsonl_zst, write_jsonl_zst
 from course_lib.pile import exact_dedup, exact_jaccard, gopher_reasons, text_hash
-from course_lib.pile import pile_main
+from course_lib.cli.pile import pile_main
 from course_lib.pile import (
     DecontaminationFilter, PileReader, clean_pipeline, clean_report, read_removals, run_clean,
     run_pipeline)

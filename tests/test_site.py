@@ -52,7 +52,7 @@ def site(tmp_path_factory):
                    "run", "start", "--profile", "quick", "--out", str(executed)]
             r = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
             if r.returncode == 0:
-                cmd = [sys.executable, "-c", "import sys; from course_lib.course.site import site_main; sys.exit(site_main(sys.argv[1:]))",
+                cmd = [sys.executable, "-c", "import sys; from course_lib.cli.site import site_main; sys.exit(site_main(sys.argv[1:]))",
                        "--profile", "quick", "--units", "start", "library", "--no-execute", "--out", str(out),
                        "--executed", str(executed)]
                 r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
@@ -268,7 +268,7 @@ def test_lesson_notebook_hides_nbdev_directives_and_widgets():
 
 
 def test_site_command_rejects_bad_arguments(tmp_path, capsys):
-    from course_lib.course import site_main
+    from course_lib.cli.site import site_main
     assert site_main(["--profile", "slow"]) == 2
     assert site_main(["--units", "no-such-unit"]) == 2
     assert "unknown unit 'no-such-unit'" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 import course_lib.course.site as site
-import course_lib.course.run_records as run_records
+import course_lib.course.run_stamps as run_stamps
 from course_lib.course import load_units
 from course_lib.course import stamp_matches, run_units
 from course_lib.course import execute_missing, find_executed, execution_note
@@ -77,7 +77,7 @@ def test_stamp_names_profile_params_notebook_and_code(tmp_path, monkeypatch):
     assert find_executed(u, a, "quick", [tmp_path / "q"]) == ex
     assert find_executed(u, a, "full", [tmp_path / "q"]) is None          # another profile
     assert not stamp_matches(executed, a, "quick", {"steps": 4})           # other parameters
-    monkeypatch.setattr(run_records, "code_version", lambda: "0123456789ab")
+    monkeypatch.setattr(run_stamps, "code_version", lambda: "0123456789ab")
     assert find_executed(u, a, "quick", [tmp_path / "q"]) is None          # course_lib's code changed
     monkeypatch.undo()
     del executed["metadata"]["course_lib"]

@@ -1,4 +1,4 @@
-"""course_lib.studio.app (notebook 83): the LoRA studio, headless (`Studio`'s methods, which the page's handlers call),
+"""course_lib.studio (notebooks 83 and 83a-83f, `course studio`: 90j): the LoRA studio, headless (`Studio`'s methods, which the page's handlers call),
 through Gradio's own Python client against a server on 127.0.0.1, after a SIGKILL mid-run, and in Chromium.
 On small untrained base models (`tiny_bases`: built offline in a second), a few steps each."""
 import json, os, signal, socket, subprocess, sys, textwrap, time
@@ -199,6 +199,51 @@ def test_runs_train_in_a_process_of_their_own(tmp_path, digits, monkeypatch):
     assert "no weights in this process" in (f.root/"runs"/"f"/"train.log").read_text()
     f.start("unet", "f2", {**UNET, "steps": 1})                       # the lock was given back
     f.wait()
+
+
+def test_worker_protocol_is_json_lines():
+    """A run reaches its training process as one JSON `job` line (course_lib.studio.worker): the base by its
+    `source` ('module:function') or its `load` function by name with JSON arguments; other bases are refused."""
+    import functools
+    from course_lib.studio import StudioBase, base_spec, job_message, parse_settings, read_job
+    unet = tiny_bases()[0]
+    spec = base_spec(unet)
+    assert spec == {"trainer": "unet", "key": unet.key, "image_size": unet.image_size,
+                    "source": "course_lib.studio.settings:tiny_bases"}
+    cfg = parse_settings("unet", {**UNET, "steps": 3, "target_modules": "to_q, to_k"})
+    line = json.dumps(job_message("unet", spec, cfg, {"preview_every": 0}, Path("i"), Path("r")))
+    job = read_job(json.loads(line))
+    assert job["cfg"] == cfg and job["base"].key == unet.key and job["run_dir"] == Path("r")
+    by_name = StudioBase("unet", "k", functools.partial(_tiny_unet_in_the_studio_only), 16)
+    assert base_spec(by_name)["load"].endswith(":_tiny_unet_in_the_studio_only")
+    partial = StudioBase("unet", "k", functools.partial(json.dumps, [1], indent=1), 16)
+    assert read_job({**json.loads(line), "base": base_spec(partial)})["base"].load() == json.dumps([1], indent=1)
+    with pytest.raises(ValueError, match="arguments are not JSON"):
+        base_spec(StudioBase("unet", "k", functools.partial(json.dumps, object()), 16))
+    with pytest.raises(ValueError, match="not a course_lib.studio.worker/1 job"):
+        read_job({"type": "job", "protocol": "pickle"})
+
+
+def test_private_apis_have_fallbacks(tmp_path, digits, monkeypatch):
+    """filelock's `_context.lock_file_fd` (the lock's descriptor, which the training process inherits) and
+    Gradio's `demo._queue.sleep_when_free` are private: without them, the studio finds the descriptor in
+    /proc/self/fd and trains as before, and the page keeps Gradio's own polling."""
+    from filelock import FileLock
+    import course_lib.studio.page as page
+    import course_lib.studio.worker as worker
+    lock = FileLock(str(tmp_path/"x.lock"), thread_local=False)
+    with lock:
+        fd = lock._context.lock_file_fd
+        monkeypatch.setattr(worker, "_filelock_fd", lambda lock: None)
+        assert worker.held_lock_fd(lock) == fd
+    s = Studio(tmp_path/"s", tiny_bases())
+    s.add_images(digits[:2])
+    s.set_captions({n: "a photo of sks digit" for n in s.captions()})
+    s.start("unet", "p", {**UNET, "steps": 1})
+    assert s.wait()["state"] == "done"
+    monkeypatch.setattr(page, "_gradio_queue", lambda demo: None)
+    demo = build_studio(tmp_path/"page", tiny_bases())
+    assert page._quiet_queue(demo) is False and demo.studio.root == tmp_path/"page"
 
 
 def test_loss_frame_is_the_running_mean_of_each_loss():
@@ -627,7 +672,7 @@ def test_browser_end_to_end(tmp_path, digits):
 
 def test_course_studio_command(monkeypatch, tmp_path, capsys):
     "`course studio`: --help documents it, 127.0.0.1 and Gradio's port (None: $GRADIO_SERVER_PORT, else 7860) by default."
-    import course_lib.studio.app as studio
+    import course_lib.cli.studio as studio
     from course_lib.cli import main
     assert main(["studio", "--help"]) == 0
     out = capsys.readouterr().out
@@ -648,7 +693,7 @@ def test_course_studio_command(monkeypatch, tmp_path, capsys):
 def test_space_files():
     "space/app.py builds the same app; space/README.md carries the Space's front matter."
     app, readme = (ROOT/"space"/"app.py").read_text(), (ROOT/"space"/"README.md").read_text()
-    assert "from course_lib.studio.app import build_studio" in app and "demo.launch(" in app
+    assert "from course_lib.studio import build_studio" in app and "demo.launch(" in app
     front = readme.split("---")[1]
     for k in ("sdk: gradio", "app_file: app.py", "sdk_version:", "title:"):
         assert k in front, k

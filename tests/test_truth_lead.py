@@ -198,7 +198,7 @@ def test_adapter_metadata_with_a_rank_below_one_is_named(rank):
 
 
 def test_lora_train_names_a_file_given_as_the_image_folder(tmp_path, capsys):
-    from course_lib.lora import lora_main
+    from course_lib.cli.lora import lora_main
     (tmp_path / "a.safetensors").write_bytes(b"x")
     assert lora_main(["train", str(tmp_path / "a.safetensors"), str(tmp_path / "o.safetensors")]) == 2
     err = capsys.readouterr().err

@@ -46,7 +46,7 @@ def test_the_careful_zstd_reader_refuses_an_empty_stream(tmp_path):
 
 def test_load_corpus_and_pile_stats_refuse_an_empty_shard(tmp_path, capsys):
     from course_lib.pile import load_corpus
-    from course_lib.pile import pile_main
+    from course_lib.cli.pile import pile_main
     from course_lib.pile import PileFormatError
     (tmp_path / "a.jsonl.zst").write_bytes(b"")
     for p in (tmp_path / "a.jsonl.zst", tmp_path):
@@ -79,7 +79,7 @@ def tiny_lm(tmp_path_factory):
 
 
 def test_bpb_errors_skip_says_how_many_lines_it_skipped(tiny_lm, tmp_path, capsys):
-    from course_lib.pile import bpb_main
+    from course_lib.cli.bpb import bpb_main
     payload = (b"{not json\n" + b"".join(json.dumps(r).encode() + b"\n" for r in DOCS)
                + b'{"meta": {}}\n' + b"[1, 2\n")
     f = tmp_path / "bad.jsonl.zst"
@@ -266,7 +266,8 @@ def test_a_damaged_flux_lora_file_is_named_before_diffusers_reads_it(tmp_path):
 @pytest.mark.parametrize("damage", ["weights", "config", "tokenizer"])
 def test_a_damaged_model_directory_is_named_with_what_to_do(tiny_lm, tmp_path, damage, capsys):
     import shutil
-    from course_lib.pile import load_local_lm, bpb_main
+    from course_lib.pile import load_local_lm
+    from course_lib.cli.bpb import bpb_main
     d = tmp_path / "lm"
     shutil.copytree(tiny_lm, d)
     name = {"weights": "model.safetensors", "config": "config.json",
@@ -371,7 +372,7 @@ def _adapter_file(tmp_path, **meta):
                                               ("use_rslora", "yes", "JSON")])
 def test_lead43_malformed_adapter_metadata_is_named(tmp_path, capsys, key, value, what):
     from course_lib.lora import read_adapter
-    from course_lib.lora import lora_main
+    from course_lib.cli.lora import lora_main
     p = _adapter_file(tmp_path, **{key: value})
     import re
     with pytest.raises(ValueError, match=rf"a\.safetensors: adapter metadata '{key}' is "
@@ -382,14 +383,14 @@ def test_lead43_malformed_adapter_metadata_is_named(tmp_path, capsys, key, value
 
 
 def _refuse_base(monkeypatch):
-    import course_lib.lora.run as io
+    import course_lib.cli.lora as io
     def no_base(*a, **k): raise AssertionError("the base model was loaded before the check")
     monkeypatch.setattr(io, "load_base", no_base)
 
 
 def test_lead43_lora_train_checks_the_folder_and_settings_before_the_base(tmp_path, monkeypatch,
                                                                          capsys):
-    from course_lib.lora import lora_main
+    from course_lib.cli.lora import lora_main
     _refuse_base(monkeypatch)
     d = _folder(tmp_path)                                      # images, no caption files
     with pytest.warns(UserWarning):
@@ -404,7 +405,7 @@ def test_lead43_lora_train_checks_the_folder_and_settings_before_the_base(tmp_pa
 
 
 def test_lead43_lora_generate_names_a_bad_adapter_weight(tmp_path, monkeypatch, capsys):
-    from course_lib.lora import lora_main
+    from course_lib.cli.lora import lora_main
     _refuse_base(monkeypatch)
     assert lora_main(["generate", "a sks digit", str(tmp_path / "o.png"), "--adapter", "X=abc"]) == 2
     err = capsys.readouterr().err

@@ -18,8 +18,9 @@ from course_lib.vision import (
     save_model, create_vision_model, load_finetuned, checkpoint_info, finetune, FinetuneConfig,
     layer_groups, random_shift, tta_views, predict_logits, ensemble_logits, accuracy,
     choose_batch_size, export_onnx, export_torchscript, quantize_int8, model_size_bytes,
-    finetune_main, evaluate, square_symmetries, label_augmented)
+    evaluate, square_symmetries, label_augmented)
 from course_lib.vision.finetune import _folder_dataset
+from course_lib.cli.finetune import finetune_main
 
 
 @pytest.fixture(autouse=True)

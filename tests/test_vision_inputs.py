@@ -14,7 +14,8 @@ from torch.utils.data import TensorDataset
 from course_lib.data import Digits, ImageFolder, split_indices
 from course_lib.vision import (
     FinetuneConfig, checkpoint_info, check_checkpoint, create_vision_model, export_onnx, finetune,
-    finetune_main, load_finetuned, model_data_config, predict_logits, save_model)
+    load_finetuned, model_data_config, predict_logits, save_model)
+from course_lib.cli.finetune import finetune_main
 
 
 @pytest.fixture(autouse=True)

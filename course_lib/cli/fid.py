@@ -12,7 +12,8 @@ from ..metrics.frechet import feature_statistics, frechet_distance
 from ..metrics.isc_kid import inception_score, kid
 from ..metrics.images import DIGITS_FEATURE_SIZE, REFERENCES, reference_name
 from ..metrics.fidelity import extract_features, reference_statistics
-from ..metrics.io import EXTRACTORS, INCEPTION_WEIGHTS_ENV, load_statistics, save_statistics
+from ..metrics.io import (
+    EXTRACTORS, INCEPTION_WEIGHTS_ENV, load_statistics, save_statistics)
 
 # %% auto #0
 __all__ = ['fid_main']

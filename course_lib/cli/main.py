@@ -4,96 +4,38 @@
 
 # %% ../../nbs/90_cli.ipynb #32109c3c
 from __future__ import annotations
-import argparse, importlib, os, platform, sys, tempfile
+import argparse, importlib, os, sys
 from pathlib import Path
-from typing import Any
 
 import course_lib
-from ..core.basics import atomic_write
 from ..course.units import (
-    PROFILES, project_root, Unit, load_units, find_unit, MissingExtra, import_extra,
-    NotebookFailed, run_notebook, is_notebook_name, find_notebook)
-from ..course.run_records import (
-    readme_regions, render_readme, write_figures, hand_typed_figures, run_units)
-from ..course.time_blocks import time_problems, write_time_blocks
+    PROFILES, project_root, Unit, load_units, find_unit, MissingExtra,
+    is_notebook_name, find_notebook)
+from ..course.run_records import run_units
+from .doctor import print_doctor_report
+from .freeze import _freeze
+from .readme import _readme
 
 # %% auto #0
-__all__ = ['DOCTOR_PACKAGES', 'PLUGINS', 'CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'README_HEAD', 'USER_ERRORS',
-           'doctor_report', 'bf16_support', 'version_warnings', 'run_plugin', 'is_checked', 'keep_checked_outputs',
-           'UnstableOutput', 'unstable_outputs', 'freeze_notebook', 'write_readme', 'build_parser', 'list_units',
-           'main']
-
-# %% ../../nbs/90_cli.ipynb #c46c9ad4
-DOCTOR_PACKAGES = ("torch", "torchvision", "diffusers", "accelerate", "safetensors", "timm",
-                   "peft", "torch-fidelity", "transformers", "tokenizers", "zstandard", "papermill",
-                   "nbdev", "ipywidgets")
-
-def doctor_report() -> dict[str, Any]:
-    """Versions, device, cache folder and network, as a dict (what `course doctor` prints). Its
-    warnings: versions known not to work, and paths the course cannot use (`path_problems`)."""
-    from importlib.metadata import version, PackageNotFoundError
-    from course_lib.core.basics import cache_dir, get_device, network_available
-    from course_lib.core.cache import path_problems
-    rep: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "course_lib": course_lib.__version__}
-    for pkg in DOCTOR_PACKAGES:
-        try:
-            rep[pkg] = version(pkg)
-        except PackageNotFoundError:
-            rep[pkg] = "not installed"
-    try: rep["device"] = str(get_device())
-    except ValueError as e: rep["device"] = f"error: {e}"
-    rep["bf16"] = bf16_support()
-    rep["warnings"] = [*version_warnings(rep), *path_problems()] or "none"
-    rep["cache_dir"] = str(cache_dir(create=False))
-    try:
-        rep["project_root"] = str(project_root())
-    except FileNotFoundError:
-        rep["project_root"] = "not found (run inside the repository)"
-    online = network_available(timeout=2)
-    rep["network"] = "reachable" if online else "unreachable (offline: embedded data is used)"
-    return rep
-
-# %% ../../nbs/90_cli.ipynb #ef69a728
-def bf16_support() -> str:
-    """'native', 'emulated' (a GPU without bf16 units, such as a T4: slower than fp16), 'none', or
-    'n/a' without a CUDA GPU. Uses `torch.cuda.is_bf16_supported(including_emulation=False)`."""
-    import torch
-    if not torch.cuda.is_available(): return "n/a (no CUDA GPU)"
-    try: native = torch.cuda.is_bf16_supported(including_emulation=False)
-    except TypeError: native = torch.cuda.is_bf16_supported()   # torch < 2.3: no emulation argument
-    if native: return "native"
-    return "emulated" if torch.cuda.is_bf16_supported() else "none"
-
-def version_warnings(rep: dict[str, Any]) -> list[str]:
-    "Installed versions known not to work with the lessons (from `doctor_report`'s versions)."
-    from packaging.version import Version, InvalidVersion
-    out = []
-    def older(pkg, floor):
-        try: return Version(rep.get(pkg, "0")) < Version(floor)
-        except InvalidVersion: return False
-    # the dashboards (notebooks 42, 75) are tested on Colab's 7.7.1 and on 8; FileUpload is 7.5's
-    if rep.get("ipywidgets", "not installed") != "not installed" and older("ipywidgets", "7.7"):
-        out.append(f"ipywidgets {rep['ipywidgets']}: the training dashboards are tested on 7.7.1 "
-                   "(Colab's) and 8 only, and FileUpload needs 7.5 or later")
-    return out
+__all__ = ['PLUGINS', 'USER_ERRORS', 'run_plugin', 'build_parser', 'list_units', 'main']
 
 # %% ../../nbs/90_cli.ipynb #fe02b040
 PLUGINS = {
     "fid": ("course_lib.cli.fid", "fid_main",
             "FID / IS / KID between two image folders or .npz statistics (unit 3)"),
-    "finetune": ("course_lib.vision.finetune", "finetune_main",
+    "finetune": ("course_lib.cli.finetune", "finetune_main",
                  "fine-tune a timm model on a folder of class sub-folders (unit 5)"),
-    "pile": ("course_lib.pile.mini", "pile_main",
-             "Pile-format .jsonl.zst tools: stats, build-mini (unit 6)"),
-    "bpb": ("course_lib.pile.lm_files", "bpb_main",
+    "pile": ("course_lib.cli.pile", "pile_main",
+             "Pile-format .jsonl.zst tools: stats, build-mini, clean (unit 6)"),
+    "bpb": ("course_lib.cli.bpb", "bpb_main",
             "bits per byte of a language model on .jsonl.zst files (unit 6)"),
-    "lora": ("course_lib.lora.run", "lora_main",
+    "lora": ("course_lib.cli.lora", "lora_main",
              "train, inspect and use LoRA adapters (unit 4)"),
-    "studio": ("course_lib.studio.app", "studio_main",
+    "studio": ("course_lib.cli.studio", "studio_main",
                "the LoRA studio web app (units 4 and 7; pip install \"course_lib[studio]\")"),
-    "new": ("course_lib.course.contrib", "new_main", "scaffold a notebook from the template into a unit"),
-    "site": ("course_lib.course.site", "site_main", "build the course website from executed notebooks"),
+    "new": ("course_lib.cli.new", "new_main", "scaffold a notebook from the template into a unit"),
+    "site": ("course_lib.cli.site", "site_main",
+             "build the course website from executed notebooks"),
 }
 
 def run_plugin(name: str, argv: list[str]) -> int:
@@ -108,141 +50,6 @@ def run_plugin(name: str, argv: list[str]) -> int:
               "course_lib", file=sys.stderr)
         return 2
     return int(getattr(m, fn)(argv) or 0)
-
-# %% ../../nbs/90_cli.ipynb #b96e91e1
-CHECK_MARKER = "NBVAL_CHECK_OUTPUT"
-TEXT_MIMES = ("text/plain",)
-
-def is_checked(cell) -> bool:
-    "True for a code cell that nbval checks (`# NBVAL_CHECK_OUTPUT` or a `nbval-check-output` tag)."
-    src = cell.get("source", "")
-    src = "".join(src) if isinstance(src, list) else src
-    tags = cell.get("metadata", {}).get("tags", [])
-    comments = [l.strip() for l in src.splitlines() if l.strip().startswith("#")]
-    marked = any(l.lstrip("#").strip() == CHECK_MARKER for l in comments)
-    return cell.get("cell_type") == "code" and (marked or "nbval-check-output" in tags)
-
-def _text_output(o):
-    "Output `o` reduced to what a checked cell keeps (stdout, plain text), or None."
-    if o.get("output_type") == "stream":
-        return o if o.get("name") == "stdout" else None
-    if o.get("output_type") not in ("execute_result", "display_data"):
-        return None
-    data = {k: v for k, v in o.get("data", {}).items() if k in TEXT_MIMES}
-    if not data:
-        return None
-    o["data"], o["metadata"] = data, {}
-    if o["output_type"] == "execute_result":
-        o["execution_count"] = None
-    return o
-
-def keep_checked_outputs(nb) -> Any:
-    "Strip all outputs except the text outputs of checked cells (in place); returns `nb`."
-    for c in nb.cells:
-        if c.cell_type != "code":
-            continue
-        c.execution_count = None
-        kept = [_text_output(o) for o in c.outputs] if is_checked(c) else []
-        c.outputs = [o for o in kept if o is not None]
-    return nb
-
-# %% ../../nbs/90_cli.ipynb #5274fcf4
-UNSTABLE_OUTPUTS = {
-    "a memory address": r"\bat 0x[0-9a-fA-F]{4,}",
-    "a figure's repr": r"<Figure size [^>\n]*>",
-    "a timing": (r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|us|ns|sec|secs|seconds|min|minutes)\b"
-                 r"|\bs/it\b|\bit/s\b|\d\d:\d\d<\d\d:\d\d|Wall time|CPU times"),
-}
-
-class UnstableOutput(RuntimeError):
-    "A checked cell prints what changes between runs (`.notebook`, `.cell`, `.kind`, `.text`)."
-    def __init__(self, notebook, cell, kind, text):
-        self.notebook, self.cell, self.kind, self.text = notebook, cell, kind, text
-        super().__init__(
-            f"{Path(notebook).name}: cell {cell} (# {CHECK_MARKER}) prints {text!r}: {kind} "
-            "changes from run to run, so nbval would fail the next test run. Print a stable value, "
-            f"or remove # {CHECK_MARKER} from that cell. The notebook was not changed.")
-
-    def __reduce__(self):     # survives pickling (a worker process), with its arguments
-        return type(self), (self.notebook, self.cell, self.kind, self.text), self.__dict__
-
-def unstable_outputs(nb) -> list[tuple[int, str, str]]:
-    "`(cell index, kind, the line)` for each checked text output that matches `UNSTABLE_OUTPUTS`."
-    import re
-    found = []
-    for i, c in enumerate(nb.cells):
-        outs = c.get("outputs", []) if is_checked(c) else []
-        for o in outs:
-            stream = o.get("output_type") == "stream"
-            text = o.get("text", "") if stream else o.get("data", {}).get("text/plain", "")
-            text = "".join(text) if isinstance(text, list) else text
-            for kind, pattern in UNSTABLE_OUTPUTS.items():
-                m = re.search(pattern, text)
-                if m is None:
-                    continue
-                line = text[:m.start()].rsplit("\n", 1)[-1] + text[m.start():].split("\n", 1)[0]
-                found.append((i, kind, line.strip()[:120]))
-    return found
-
-# %% ../../nbs/90_cli.ipynb #a2161c3d
-def freeze_notebook(nb_path: str | os.PathLike, profile: str = "quick",
-                    unit: Unit | None = None) -> Path:
-    """Execute `nb_path` with `profile`, write it back with only checked outputs, run `nbdev_clean`.
-    Raises `UnstableOutput` (the notebook is left as it was) when a checked output changes between
-    runs."""
-    nbformat = import_extra("nbformat")
-    nb_path = Path(nb_path).resolve()
-    if unit is None:
-        listed = (u for u in load_units() if nb_path in [n.resolve() for n in u.notebooks])
-        unit = next(listed, None)
-    params = unit.params(nb_path, profile) if unit else {}
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d)/nb_path.name
-        run_notebook(nb_path, out, params, results=Path(d)/"results.json", artifacts=Path(d)/"art")
-        executed = nbformat.read(out, as_version=4)
-    orig = nbformat.read(nb_path, as_version=4)
-    by_id = {c.get("id"): c for c in executed.cells}
-    for c in orig.cells:
-        if c.cell_type == "code":
-            c.outputs = by_id.get(c.get("id"), {}).get("outputs", [])
-    keep_checked_outputs(orig)
-    bad = unstable_outputs(orig)
-    if bad:
-        raise UnstableOutput(nb_path, *bad[0])
-    with atomic_write(nb_path, "w") as f:
-        nbformat.write(orig, f)
-    nbdev_clean = import_extra("nbdev.clean").nbdev_clean
-    nbdev_clean(fname=str(nb_path))
-    return nb_path
-
-# %% ../../nbs/90_cli.ipynb #3b17da8a
-README_HEAD = ("<!-- generated from nbs/index.ipynb by `course readme`: "
-               "edit the notebook, not this file -->")
-
-def _readme_part(c) -> str | None:
-    "One cell of `nbs/index.ipynb` as README markdown, or None for an empty or hidden cell."
-    src = c.source.strip()
-    if not src or src.startswith("#| hide"):
-        return None
-    if c.cell_type == "markdown":
-        return src
-    if c.cell_type != "code":
-        return None
-    lines = [l for l in src.splitlines() if not l.startswith("#|")]
-    shell = all(l.startswith("!") or not l.strip() for l in lines)
-    if shell:
-        lines = [l[1:] if l.startswith("!") else l for l in lines]
-    return f"```{'sh' if shell else 'python'}\n" + "\n".join(lines) + "\n```"
-
-def write_readme(root: str | os.PathLike | None = None) -> Path:
-    "Render `nbs/index.ipynb` to `README.md` (markdown cells as they are, code cells fenced)."
-    nbformat = import_extra("nbformat", "site")
-    root = Path(root) if root else project_root()
-    nb = nbformat.read(root/"nbs"/"index.ipynb", as_version=4)
-    parts = [p for p in map(_readme_part, nb.cells) if p is not None]
-    with atomic_write(root/"README.md", "w") as f:
-        f.write(README_HEAD + "\n\n" + "\n\n".join(parts) + "\n")
-    return root/"README.md"
 
 # %% ../../nbs/90_cli.ipynb #fd43a481
 def build_parser() -> argparse.ArgumentParser:
@@ -311,73 +118,6 @@ def _run(a, root: Path, units: list[Unit]) -> int:
     out = a.out or root/"runs"/f"{name}-{a.profile}"
     return run_units(chosen, a.profile, out, a.timeout, notebooks=only)
 
-def _freeze(a) -> int:
-    "`course freeze NOTEBOOK ...`: stops at the first notebook that fails or is unstable."
-    bad = [str(nb) for nb in a.notebooks if nb.suffix != ".ipynb" or not nb.is_file()]
-    if bad:
-        print(f"course freeze: error: no such notebook (.ipynb): {', '.join(bad)}", file=sys.stderr)
-        return 2
-    for nb in a.notebooks:
-        try:
-            print(f"froze {freeze_notebook(nb, a.profile)}")
-        except (NotebookFailed, UnstableOutput) as e:
-            print(f"course freeze: {e}", file=sys.stderr)
-            return 1
-    return 0
-
-# %% ../../nbs/90_cli.ipynb #b047a544
-def _check_figures(chosen: list[Unit]) -> int:
-    """`course readme UNIT --check`: 1 (and what) when a README's figures are not its stored
-    results, or a lesson's Time block is not what its recorded runs render to (`time_problems`)."""
-    bad = []
-    for u in chosen:
-        readme = u.path/"README.md"
-        text = readme.read_text() if readme.is_file() else ""
-        if text and render_readme(u, text) != text:
-            bad.append(f"{readme}: its figures differ from the stored results "
-                       f"(run `course readme {u.slug}`)")
-        bad += [f"{readme}: a figure typed by hand: {row}" for row in hand_typed_figures(u, text)]
-        bad += time_problems(u)
-    print("\n".join(bad) or "every README and Time block shows its stored results",
-          file=sys.stderr if bad else sys.stdout)
-    return 1 if bad else 0
-
-# %% ../../nbs/90_cli.ipynb #748af6f2
-def _readme(a, root: Path, units: list[Unit]) -> int:
-    "`course readme [UNIT|all] [--results PATH [--cached]] [--check]`."
-    if a.unit is None:
-        if a.results or a.check:
-            print("course readme: --results and --check need a unit", file=sys.stderr)
-            return 2
-        print(f"wrote {write_readme(root)}")
-        return 0
-    try:
-        chosen = units if a.unit == "all" else [find_unit(a.unit, units)]
-    except KeyError as e:
-        print(f"course readme: {e.args[0]}", file=sys.stderr)
-        return 2
-    if a.check:
-        return _check_figures(chosen)
-    if a.cached and a.results is None:
-        print("course readme: --cached says what --results is: give both", file=sys.stderr)
-        return 2
-    if a.results is not None and len(chosen) > 1:
-        print("course readme: --results is the run of one unit: name the unit", file=sys.stderr)
-        return 2
-    for u in chosen:
-        has = (u.path/"README.md").is_file() and readme_regions((u.path/"README.md").read_text())
-        if a.results is not None or has:
-            try:
-                readme = write_figures(u, a.results, a.cached, profile=a.profile, date=a.date,
-                                       machine=a.machine)
-            except ValueError as e:
-                print(f"course readme: {e}", file=sys.stderr)
-                return 2
-            print(f"wrote {readme}")
-        for nb in write_time_blocks(u):
-            print(f"wrote {nb} (its Time block)")
-    return 0
-
 
 # %% ../../nbs/90_cli.ipynb #ee3cbbd4
 def _parse(argv: list[str]):
@@ -403,9 +143,7 @@ def _dispatch(argv: list[str]) -> int:
         p.print_help()
         return 2
     if a.cmd == "doctor":
-        for k, v in doctor_report().items():
-            print(f"{k:<15} " + ("\n" + " " * 16).join(v if isinstance(v, list) else [str(v)]))
-        return 0
+        return print_doctor_report()
     try:
         root = project_root()
         units = load_units(root)
@@ -446,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 # %% ../../nbs/90_cli.ipynb #b8450727
-# `python -m course_lib.cli.main ARGS` works like `course ARGS` (running this notebook does not start it)
-if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", "") == "course_lib.cli.main":
+# `python -m course_lib.cli.main ARGS` works like `course ARGS`
+# (running this notebook does not start it)
+if __name__ == "__main__" and \
+        getattr(globals().get("__spec__"), "name", "") == "course_lib.cli.main":
     sys.exit(main())

@@ -14,30 +14,38 @@ __all__ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', '
            'check_weights_file', 'why_unreadable', 'not_a_file_error', 'state_dict_problem', 'folder_problem',
            'check_weights_folder']
 
-# %% ../../nbs/09z_core_api.ipynb #454eaff2
+# %% ../../nbs/09z_core_api.ipynb #fd8ecdca
 from .basics import (
     seed_everything, seed_worker, get_device, CacheNotWritable, cache_dir, artifact_dir,
     pretrained_dir, restore_pretrained, patch_to, patch, atomic_write, save_checkpoint,
     load_checkpoint, unwrap_model, clean_key, results_path, read_results, record, in_colab,
     network_available, OfflineError, start_method, forking_beside_threads, grad_enabled)
+_all_ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', 'cache_dir',
+         'artifact_dir', 'pretrained_dir', 'restore_pretrained', 'patch_to', 'patch',
+         'atomic_write', 'save_checkpoint', 'load_checkpoint', 'unwrap_model',
+         'clean_key', 'results_path', 'read_results', 'record', 'in_colab',
+         'network_available', 'OfflineError', 'start_method', 'forking_beside_threads',
+         'grad_enabled']
+
+# %% ../../nbs/09z_core_api.ipynb #6fef7686
 from .cache import (
     PATH_VARIABLES, OPTIMIZER_SETTINGS, data_fingerprint, cache_key, code_fingerprint,
     StaleCacheWarning, cache_record_path, record_cached, check_cached, cache_lock, cached,
     is_cached, path_problems, ResumeWarning, resume_changes, set_hyperparams)
-from .device_probe import ProbeTensor, ProbeGenerator, ProbeMode, kind, ops_on_device, install
-from .weight_files import (
-    WEIGHT_FORMATS, WEIGHT_SUFFIXES, file_kind, weights_problem, check_weights_file, why_unreadable,
-    not_a_file_error, state_dict_problem, folder_problem, check_weights_folder)
-
-_all_ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', 'cache_dir',
-         'artifact_dir', 'pretrained_dir', 'restore_pretrained', 'patch_to', 'patch',
-         'atomic_write', 'save_checkpoint', 'load_checkpoint', 'unwrap_model', 'clean_key',
-         'results_path', 'read_results', 'record', 'in_colab', 'network_available',
-         'OfflineError', 'start_method', 'forking_beside_threads', 'grad_enabled',
-         'PATH_VARIABLES', 'OPTIMIZER_SETTINGS', 'data_fingerprint', 'cache_key',
+_all_ = ['PATH_VARIABLES', 'OPTIMIZER_SETTINGS', 'data_fingerprint', 'cache_key',
          'code_fingerprint', 'StaleCacheWarning', 'cache_record_path', 'record_cached',
-         'check_cached', 'cache_lock', 'cached', 'is_cached', 'path_problems', 'ResumeWarning',
-         'resume_changes', 'set_hyperparams', 'ProbeTensor', 'ProbeGenerator', 'ProbeMode',
-         'kind', 'ops_on_device', 'install', 'WEIGHT_FORMATS', 'WEIGHT_SUFFIXES', 'file_kind',
-         'weights_problem', 'check_weights_file', 'why_unreadable', 'not_a_file_error',
-         'state_dict_problem', 'folder_problem', 'check_weights_folder']
+         'check_cached', 'cache_lock', 'cached', 'is_cached', 'path_problems',
+         'ResumeWarning', 'resume_changes', 'set_hyperparams']
+
+# %% ../../nbs/09z_core_api.ipynb #23990800
+from .device_probe import (
+    ProbeTensor, ProbeGenerator, ProbeMode, kind, ops_on_device, install)
+_all_ = ['ProbeTensor', 'ProbeGenerator', 'ProbeMode', 'kind', 'ops_on_device', 'install']
+
+# %% ../../nbs/09z_core_api.ipynb #508dae7f
+from .weight_files import (
+    WEIGHT_FORMATS, WEIGHT_SUFFIXES, file_kind, weights_problem, check_weights_file,
+    why_unreadable, not_a_file_error, state_dict_problem, folder_problem, check_weights_folder)
+_all_ = ['WEIGHT_FORMATS', 'WEIGHT_SUFFIXES', 'file_kind', 'weights_problem', 'check_weights_file',
+         'why_unreadable', 'not_a_file_error', 'state_dict_problem', 'folder_problem',
+         'check_weights_folder']

@@ -7,69 +7,86 @@ __all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'proje
            'find_unit', 'format_duration', 'MissingExtra', 'import_extra', 'notebook_parameters', 'cell_flags',
            'unavailable_flags', 'drop_flagged_cells', 'current_kernelspec_dir', 'NotebookFailed', 'run_notebook',
            'check_profiles', 'results_table', 'is_notebook_name', 'find_notebook', 'NAME_RE', 'TEMPLATE',
-           'QUICK_DEFAULTS', 'ScaffoldError', 'check_new', 'register_notebook', 'title_from', 'colab_link', 'scaffold',
-           'export_notebook', 'new_main', 'RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME',
-           'code_version', 'notebook_hash', 'machine_description', 'cache_files', 'cache_state', 'run_info',
-           'stamp_executed', 'stamp_matches', 'run_units', 'recorded_run', 'not_cached', 'run_seconds', 'format_value',
+           'QUICK_DEFAULTS', 'UNIT_PACKAGES', 'ScaffoldError', 'check_new', 'register_notebook', 'title_from',
+           'colab_link', 'scaffold', 'export_notebook', 'code_version', 'notebook_hash', 'machine_description',
+           'cache_files', 'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'executed_matches',
+           'merge_parameters', 'with_current_text', 'find_executed', 'RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END',
+           'PROFILE_NOTE', 'TYPED_TIME', 'run_units', 'recorded_run', 'not_cached', 'run_seconds', 'format_value',
            'unit_bars', 'eval_bound', 'check_bars', 'is_gpu_run', 'stored_results', 'stored_runs', 'figures_region',
            'bars_line', 'figure_cell', 'times_line', 'bars_report', 'readme_regions', 'render_readme', 'write_figures',
            'hand_typed_figures', 'typed_times', 'COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings',
-           'colab_url', 'executed_matches', 'merge_parameters', 'with_current_text', 'find_executed', 'rewrite_links',
-           'unit_prerequisites', 'measured_seconds', 'nbformat_cell', 'lesson_notebook', 'unit_table', 'home_markdown',
-           'library_modules', 'api_pages', 'SPHINX_CONF', 'SITE_CSS', 'FAVICON', 'MATHJAX_SKIP', 'mathjax_dir',
-           'execute_missing', 'execution_note', 'write_sources', 'build_site', 'site_main', 'TIME_BEGIN', 'TIME_END',
-           'TYPED_TIME_PARAGRAPH', 'cache_words', 'device_line', 'time_block', 'time_regions', 'typed_time_paragraphs',
-           'untimed_sentences', 'render_time_text', 'render_time', 'write_time_blocks', 'time_problems']
+           'colab_url', 'rewrite_links', 'unit_prerequisites', 'measured_seconds', 'nbformat_cell', 'lesson_notebook',
+           'unit_table', 'home_markdown', 'library_modules', 'api_pages', 'SPHINX_CONF', 'SITE_CSS', 'FAVICON',
+           'MATHJAX_SKIP', 'mathjax_dir', 'execute_missing', 'execution_note', 'write_sources', 'build_site',
+           'TIME_BEGIN', 'TIME_END', 'TYPED_TIME_PARAGRAPH', 'cache_words', 'device_line', 'time_block', 'time_regions',
+           'typed_time_paragraphs', 'untimed_sentences', 'render_time_text', 'render_time', 'write_time_blocks',
+           'time_problems']
 
-# %% ../../nbs/92z_course_api.ipynb #7e634a82
+# %% ../../nbs/92z_course_api.ipynb #b6a9ecbe
 from .units import (
-    PROFILES, KINDS, UNIT_KEYS, SKIP_FLAGS, KERNEL_NAME, project_root, Unit, load_unit, load_units,
-    find_unit, format_duration, MissingExtra, import_extra, notebook_parameters, cell_flags,
-    unavailable_flags, drop_flagged_cells, current_kernelspec_dir, NotebookFailed, run_notebook,
-    check_profiles, results_table, is_notebook_name, find_notebook)
-from .contrib import (
-    NAME_RE, TEMPLATE, QUICK_DEFAULTS, ScaffoldError, check_new, register_notebook, title_from,
-    colab_link, scaffold, export_notebook, new_main)
-from course_lib.course.run_records import (
-    RUN_KEYS, OPS, BAR, BEGIN, END, PROFILE_NOTE, TYPED_TIME, code_version, notebook_hash,
-    machine_description, cache_files, cache_state, run_info, stamp_executed, stamp_matches,
-    run_units, recorded_run, not_cached, run_seconds, format_value, unit_bars, eval_bound,
-    check_bars, is_gpu_run, stored_results, stored_runs, figures_region, bars_line, figure_cell,
-    times_line, bars_report, readme_regions, render_readme, write_figures, hand_typed_figures,
-    typed_times)
-from course_lib.course.site_pages import (
-    COLAB_BADGE, IMAGE_EXTS, WIDGET_MIME, site_settings, colab_url, executed_matches,
-    merge_parameters, with_current_text, find_executed, rewrite_links, unit_prerequisites,
-    measured_seconds, nbformat_cell, lesson_notebook, unit_table, home_markdown, library_modules,
-    api_pages)
-from .site import (
-    SPHINX_CONF, SITE_CSS, FAVICON, MATHJAX_SKIP, mathjax_dir, execute_missing, execution_note,
-    write_sources, build_site, site_main)
-from course_lib.course.time_blocks import (
-    TIME_BEGIN, TIME_END, TYPED_TIME_PARAGRAPH, cache_words, device_line, time_block, time_regions,
-    typed_time_paragraphs, untimed_sentences, render_time_text, render_time, write_time_blocks,
-    time_problems)
-
+    PROFILES, KINDS, UNIT_KEYS, SKIP_FLAGS, KERNEL_NAME, project_root, Unit, load_unit,
+    load_units, find_unit, format_duration, MissingExtra, import_extra, notebook_parameters,
+    cell_flags, unavailable_flags, drop_flagged_cells, current_kernelspec_dir, NotebookFailed,
+    run_notebook, check_profiles, results_table, is_notebook_name, find_notebook)
 _all_ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'project_root', 'Unit',
          'load_unit', 'load_units', 'find_unit', 'format_duration', 'MissingExtra',
          'import_extra', 'notebook_parameters', 'cell_flags', 'unavailable_flags',
          'drop_flagged_cells', 'current_kernelspec_dir', 'NotebookFailed', 'run_notebook',
-         'check_profiles', 'results_table', 'is_notebook_name', 'find_notebook', 'NAME_RE',
-         'TEMPLATE', 'QUICK_DEFAULTS', 'ScaffoldError', 'check_new', 'register_notebook',
-         'title_from', 'colab_link', 'scaffold', 'export_notebook', 'new_main', 'RUN_KEYS',
-         'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME', 'code_version',
-         'notebook_hash', 'machine_description', 'cache_files', 'cache_state', 'run_info',
-         'stamp_executed', 'stamp_matches', 'run_units', 'recorded_run', 'not_cached',
-         'run_seconds', 'format_value', 'unit_bars', 'eval_bound', 'check_bars', 'is_gpu_run',
-         'stored_results', 'stored_runs', 'figures_region', 'bars_line', 'figure_cell',
-         'times_line', 'bars_report', 'readme_regions', 'render_readme', 'write_figures',
-         'hand_typed_figures', 'typed_times', 'COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME',
-         'site_settings', 'colab_url', 'executed_matches', 'merge_parameters',
-         'with_current_text', 'find_executed', 'rewrite_links', 'unit_prerequisites',
-         'measured_seconds', 'nbformat_cell', 'lesson_notebook', 'unit_table', 'home_markdown',
-         'library_modules', 'api_pages', 'SPHINX_CONF', 'SITE_CSS', 'FAVICON', 'MATHJAX_SKIP',
-         'mathjax_dir', 'execute_missing', 'execution_note', 'write_sources', 'build_site',
-         'site_main', 'TIME_BEGIN', 'TIME_END', 'TYPED_TIME_PARAGRAPH', 'cache_words',
-         'device_line', 'time_block', 'time_regions', 'typed_time_paragraphs',
-         'untimed_sentences', 'render_time_text', 'render_time', 'write_time_blocks',
-         'time_problems']
+         'check_profiles', 'results_table', 'is_notebook_name', 'find_notebook']
+
+# %% ../../nbs/92z_course_api.ipynb #5e4f9be8
+from .contrib import (
+    NAME_RE, TEMPLATE, QUICK_DEFAULTS, UNIT_PACKAGES, ScaffoldError, check_new,
+    register_notebook, title_from, colab_link, scaffold, export_notebook)
+_all_ = ['NAME_RE', 'TEMPLATE', 'QUICK_DEFAULTS', 'UNIT_PACKAGES', 'ScaffoldError', 'check_new',
+         'register_notebook', 'title_from', 'colab_link', 'scaffold', 'export_notebook']
+
+# %% ../../nbs/92z_course_api.ipynb #26b06aba
+from .run_stamps import (
+    code_version, notebook_hash, machine_description, cache_files, cache_state, run_info,
+    stamp_executed, stamp_matches)
+_all_ = ['code_version', 'notebook_hash', 'machine_description', 'cache_files', 'cache_state',
+         'run_info', 'stamp_executed', 'stamp_matches']
+
+# %% ../../nbs/92z_course_api.ipynb #6d261ff1
+from .executed import (
+    executed_matches, merge_parameters, with_current_text, find_executed)
+_all_ = ['executed_matches', 'merge_parameters', 'with_current_text', 'find_executed']
+
+# %% ../../nbs/92z_course_api.ipynb #952e18d5
+from .run_records import (
+    RUN_KEYS, OPS, BAR, BEGIN, END, PROFILE_NOTE, TYPED_TIME, run_units, recorded_run,
+    not_cached, run_seconds, format_value, unit_bars, eval_bound, check_bars, is_gpu_run,
+    stored_results, stored_runs, figures_region, bars_line, figure_cell, times_line,
+    bars_report, readme_regions, render_readme, write_figures, hand_typed_figures, typed_times)
+_all_ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME', 'run_units',
+         'recorded_run', 'not_cached', 'run_seconds', 'format_value', 'unit_bars',
+         'eval_bound', 'check_bars', 'is_gpu_run', 'stored_results', 'stored_runs',
+         'figures_region', 'bars_line', 'figure_cell', 'times_line', 'bars_report',
+         'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures',
+         'typed_times']
+
+# %% ../../nbs/92z_course_api.ipynb #e39d8932
+from .site_pages import (
+    COLAB_BADGE, IMAGE_EXTS, WIDGET_MIME, site_settings, colab_url, rewrite_links,
+    unit_prerequisites, measured_seconds, nbformat_cell, lesson_notebook, unit_table,
+    home_markdown, library_modules, api_pages)
+_all_ = ['COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'rewrite_links',
+         'unit_prerequisites', 'measured_seconds', 'nbformat_cell', 'lesson_notebook',
+         'unit_table', 'home_markdown', 'library_modules', 'api_pages']
+
+# %% ../../nbs/92z_course_api.ipynb #3406ffb8
+from .site import (
+    SPHINX_CONF, SITE_CSS, FAVICON, MATHJAX_SKIP, mathjax_dir, execute_missing, execution_note,
+    write_sources, build_site)
+_all_ = ['SPHINX_CONF', 'SITE_CSS', 'FAVICON', 'MATHJAX_SKIP', 'mathjax_dir', 'execute_missing',
+         'execution_note', 'write_sources', 'build_site']
+
+# %% ../../nbs/92z_course_api.ipynb #afe5fb84
+from .time_blocks import (
+    TIME_BEGIN, TIME_END, TYPED_TIME_PARAGRAPH, cache_words, device_line, time_block,
+    time_regions, typed_time_paragraphs, untimed_sentences, render_time_text, render_time,
+    write_time_blocks, time_problems)
+_all_ = ['TIME_BEGIN', 'TIME_END', 'TYPED_TIME_PARAGRAPH', 'cache_words', 'device_line',
+         'time_block', 'time_regions', 'typed_time_paragraphs', 'untimed_sentences',
+         'render_time_text', 'render_time', 'write_time_blocks', 'time_problems']

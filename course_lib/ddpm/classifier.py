@@ -126,7 +126,8 @@ from dataclasses import dataclass, asdict
 import torch
 import torch.nn.functional as F
 
-from ..core.basics import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
+from ..core.basics import (
+    cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint)
 from ..core.basics import restore_pretrained
 from ..data.images import Digits
 

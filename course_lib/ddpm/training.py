@@ -138,7 +138,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from ..core.cache import resume_changes, set_hyperparams
-from ..core.basics import cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint
+from ..core.basics import (
+    cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint)
 from ..core.basics import patch_to
 from ..data.images import Digits, to_float
 from .schedule import diffusion_target

@@ -29,8 +29,10 @@ from .core import (
 from .ddpm import (
     check_accuracy, check_alpha_bar, check_ancestral_step, check_ddim_step, check_ddpm_loss,
     check_ema_update, check_noisy_image, check_q_sample, check_shift, check_snr_one, check_to_float,
-    check_add_time, check_attention, check_timestep_embedding, check_chain_variance,
-    check_betas_from_alpha_bar, check_group_norm, check_masked_attention)
+    check_chain_variance, check_betas_from_alpha_bar)
+from course_lib.exercises.unet import (
+    check_add_time, check_attention, check_timestep_embedding, check_group_norm,
+    check_masked_attention)
 from .score import (
     check_annealed_step_sizes, check_bits_per_dim, check_dsm_loss, check_eps_to_score,
     check_gaussian_score, check_langevin_step, check_reverse_sde_step, check_vp_marginal)

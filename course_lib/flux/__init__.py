@@ -10,93 +10,124 @@ __all__ = ['DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SP
            'check_images', 'images_to_tensor', 'Captioner', 'DigitsCaptioner', 'load_digits_captioner', 'HFCaptioner',
            'get_captioner', 'TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'check_steps',
            'shift_time', 'dynamic_shift_time', 'flow_grid', 'euler_step', 'calculate_shift', 'UNetVelocity',
-           'euler_sample', 'cfg_combine', 'drop_labels', 'check_guidance_scale', 'label_dropout_dataset',
-           'load_guided_ddpm', 'GuidedUNet', 'sample_guided', 'prompted_rate', 'mean_se', 'FlowConfig',
-           'make_flow_model', 'train_flow', 'load_pretrained_flow', 'sample_flow', 'FluxMiniConfig', 'quiet_loading',
-           'save_flux_mini', 'open_flux_mini', 'check_int', 'check_side', 'check_size', 'check_prompts',
-           'make_flux_pipeline', 'pack_latents', 'unpack_latents', 'latent_ids', 'FluxVelocity', 'train_vae',
-           'encode_latents', 'caption_table', 'generate', 'FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid',
+           'euler_sample', 'FluxMiniConfig', 'quiet_loading', 'save_flux_mini', 'open_flux_mini', 'check_int',
+           'check_side', 'check_size', 'check_prompts', 'FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid',
            'corner_rate', 'encode_images', 'encode_captions', 'flux_flow_loss', 'base_dtype', 'check_lora_targets',
            'add_flux_lora', 'trainable_parameters', 'lora_state', 'reduce_rank', 'layer_scales', 'reduced_config',
            'save_flux_lora', 'check_flux_lora', 'load_flux_lora', 'PRESET_FORMAT', 'FluxLoRAConfig',
            'write_corner_folder', 'read_concept_folder', 'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora',
            'flux_generate', 'save_preview', 'run_summary', 'compare_runs', 'uploaded_files', 'make_tab', 'tab_titles',
-           'FluxLoRADashboard', 'flow_config', 'train_flux_mini', 'load_flux_mini', 'prompt_digit', 'judge_prompt_rate',
-           'KOHYA_PREFIXES', 'EXPORT_DTYPES', 'EXPORT_FORMATS', 'adapter_parts', 'kohya_name', 'module_names',
-           'to_kohya', 'from_kohya', 'save_kohya_lora', 'kohya_configs', 'read_kohya_lora', 'check_kohya_lora',
-           'load_kohya_lora', 'export_adapter', 'load_exported', 'model_output', 'default_export_options',
-           'export_options', 'flux_concept_judge', 'unet_concept_judge']
+           'FluxLoRADashboard', 'cfg_combine', 'drop_labels', 'check_guidance_scale', 'label_dropout_dataset',
+           'load_guided_ddpm', 'GuidedUNet', 'sample_guided', 'prompted_rate', 'mean_se', 'FlowConfig',
+           'make_flow_model', 'train_flow', 'load_pretrained_flow', 'sample_flow', 'KOHYA_PREFIXES', 'adapter_parts',
+           'kohya_name', 'module_names', 'to_kohya', 'from_kohya', 'save_kohya_lora', 'kohya_configs',
+           'read_kohya_lora', 'check_kohya_lora', 'load_kohya_lora', 'EXPORT_DTYPES', 'EXPORT_FORMATS',
+           'export_adapter', 'load_exported', 'model_output', 'default_export_options', 'export_options',
+           'flux_concept_judge', 'unet_concept_judge', 'make_flux_pipeline', 'pack_latents', 'unpack_latents',
+           'latent_ids', 'FluxVelocity', 'train_vae', 'encode_latents', 'caption_table', 'generate', 'flow_config',
+           'train_flux_mini', 'load_flux_mini', 'prompt_digit', 'judge_prompt_rate']
 
-# %% ../../nbs/82z_flux_api.ipynb #dc0656c6
+# %% ../../nbs/82z_flux_api.ipynb #dae8f3c9
 from .parts import (
-    DIGIT_NAMES, THICKNESS_WORDS, SLANT_WORDS, PROPERTY_SIZE, SPECIAL_TOKENS, TRIGGER_WORDS, VOCAB,
-    ink_mass, slant, property_thresholds, caption_digits, make_tokenizer)
+    DIGIT_NAMES, THICKNESS_WORDS, SLANT_WORDS, PROPERTY_SIZE, SPECIAL_TOKENS, TRIGGER_WORDS,
+    VOCAB, ink_mass, slant, property_thresholds, caption_digits, make_tokenizer)
+_all_ = ['DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SPECIAL_TOKENS',
+         'TRIGGER_WORDS', 'VOCAB', 'ink_mass', 'slant', 'property_thresholds',
+         'caption_digits', 'make_tokenizer']
+
+# %% ../../nbs/82z_flux_api.ipynb #c1f07a45
 from .captioner import (
     COURSE_CAPTIONER, CAPTION_SLOTS, CORNER_SHARE, to_corner, measure_slots, slots_to_captions,
     measured_captions, captioner_data, DigitsCaptionNet, CaptionerConfig, caption_accuracy,
     train_digits_captioner, check_images, images_to_tensor, Captioner, DigitsCaptioner,
     load_digits_captioner, HFCaptioner, get_captioner)
+_all_ = ['COURSE_CAPTIONER', 'CAPTION_SLOTS', 'CORNER_SHARE', 'to_corner', 'measure_slots',
+         'slots_to_captions', 'measured_captions', 'captioner_data', 'DigitsCaptionNet',
+         'CaptionerConfig', 'caption_accuracy', 'train_digits_captioner', 'check_images',
+         'images_to_tensor', 'Captioner', 'DigitsCaptioner', 'load_digits_captioner',
+         'HFCaptioner', 'get_captioner']
+
+# %% ../../nbs/82z_flux_api.ipynb #e2628de3
 from .flow import (
     TIME_SAMPLINGS, sample_time, interpolate, velocity_target, check_steps, shift_time,
     dynamic_shift_time, flow_grid, euler_step, calculate_shift, UNetVelocity, euler_sample)
-from .guidance import (
-    cfg_combine, drop_labels, check_guidance_scale, label_dropout_dataset, load_guided_ddpm,
-    GuidedUNet, sample_guided, prompted_rate, mean_se)
-from .flow_training import (
-    FlowConfig, make_flow_model, train_flow, load_pretrained_flow, sample_flow)
+_all_ = ['TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'check_steps',
+         'shift_time', 'dynamic_shift_time', 'flow_grid', 'euler_step', 'calculate_shift',
+         'UNetVelocity', 'euler_sample']
+
+# %% ../../nbs/82z_flux_api.ipynb #c4d46d3c
 from .io import (
     FluxMiniConfig, quiet_loading, save_flux_mini, open_flux_mini, check_int, check_side,
     check_size, check_prompts)
-from .mini import (
-    make_flux_pipeline, pack_latents, unpack_latents, latent_ids, FluxVelocity, train_vae,
-    encode_latents, caption_table, generate)
+_all_ = ['FluxMiniConfig', 'quiet_loading', 'save_flux_mini', 'open_flux_mini', 'check_int',
+         'check_side', 'check_size', 'check_prompts']
+
+# %% ../../nbs/82z_flux_api.ipynb #80a30862
 from .lora import (
-    FLUX_ATTENTION_TARGETS, CLIP_TARGETS, ink_centroid, corner_rate, encode_images, encode_captions,
-    flux_flow_loss, base_dtype, check_lora_targets, add_flux_lora, trainable_parameters)
+    FLUX_ATTENTION_TARGETS, CLIP_TARGETS, ink_centroid, corner_rate, encode_images,
+    encode_captions, flux_flow_loss, base_dtype, check_lora_targets, add_flux_lora,
+    trainable_parameters)
+_all_ = ['FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid', 'corner_rate', 'encode_images',
+         'encode_captions', 'flux_flow_loss', 'base_dtype', 'check_lora_targets',
+         'add_flux_lora', 'trainable_parameters']
+
+# %% ../../nbs/82z_flux_api.ipynb #fa1df890
 from course_lib.flux.lora_export import (
     lora_state, reduce_rank, layer_scales, reduced_config, save_flux_lora, check_flux_lora,
     load_flux_lora)
+_all_ = ['lora_state', 'reduce_rank', 'layer_scales', 'reduced_config', 'save_flux_lora',
+         'check_flux_lora', 'load_flux_lora']
+
+# %% ../../nbs/82z_flux_api.ipynb #ffaa44cf
 from .lora_train import (
     PRESET_FORMAT, FluxLoRAConfig, write_corner_folder, read_concept_folder, FluxLoRARun,
     train_flux_lora, cached_flux_lora, flux_generate)
+_all_ = ['PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder',
+         'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora', 'flux_generate']
+
+# %% ../../nbs/82z_flux_api.ipynb #b888e877
 from course_lib.flux.dashboard import (
     save_preview, run_summary, compare_runs, uploaded_files, make_tab, tab_titles,
     FluxLoRADashboard)
+_all_ = ['save_preview', 'run_summary', 'compare_runs', 'uploaded_files', 'make_tab', 'tab_titles',
+         'FluxLoRADashboard']
+
+# %% ../../nbs/82z_flux_api.ipynb #95c25d9f
+from .guidance import (
+    cfg_combine, drop_labels, check_guidance_scale, label_dropout_dataset, load_guided_ddpm,
+    GuidedUNet, sample_guided, prompted_rate, mean_se)
+_all_ = ['cfg_combine', 'drop_labels', 'check_guidance_scale', 'label_dropout_dataset',
+         'load_guided_ddpm', 'GuidedUNet', 'sample_guided', 'prompted_rate', 'mean_se']
+
+# %% ../../nbs/82z_flux_api.ipynb #c7f7ce86
+from .flow_training import (
+    FlowConfig, make_flow_model, train_flow, load_pretrained_flow, sample_flow)
+_all_ = ['FlowConfig', 'make_flow_model', 'train_flow', 'load_pretrained_flow', 'sample_flow']
+
+# %% ../../nbs/82z_flux_api.ipynb #6f71db65
+from .kohya_format import (
+    KOHYA_PREFIXES, adapter_parts, kohya_name, module_names, to_kohya, from_kohya,
+    save_kohya_lora, kohya_configs, read_kohya_lora, check_kohya_lora, load_kohya_lora)
+_all_ = ['KOHYA_PREFIXES', 'adapter_parts', 'kohya_name', 'module_names', 'to_kohya', 'from_kohya',
+         'save_kohya_lora', 'kohya_configs', 'read_kohya_lora', 'check_kohya_lora',
+         'load_kohya_lora']
+
+# %% ../../nbs/82z_flux_api.ipynb #76c5c433
+from .kohya import (
+    EXPORT_DTYPES, EXPORT_FORMATS, export_adapter, load_exported, model_output,
+    default_export_options, export_options, flux_concept_judge, unet_concept_judge)
+_all_ = ['EXPORT_DTYPES', 'EXPORT_FORMATS', 'export_adapter', 'load_exported', 'model_output',
+         'default_export_options', 'export_options', 'flux_concept_judge',
+         'unet_concept_judge']
+
+# %% ../../nbs/82z_flux_api.ipynb #fd972487
+from .mini import (
+    make_flux_pipeline, pack_latents, unpack_latents, latent_ids, FluxVelocity, train_vae,
+    encode_latents, caption_table, generate)
+_all_ = ['make_flux_pipeline', 'pack_latents', 'unpack_latents', 'latent_ids', 'FluxVelocity',
+         'train_vae', 'encode_latents', 'caption_table', 'generate']
+
+# %% ../../nbs/82z_flux_api.ipynb #1d6da13b
 from .train import (
     flow_config, train_flux_mini, load_flux_mini, prompt_digit, judge_prompt_rate)
-from .kohya import (
-    KOHYA_PREFIXES, EXPORT_DTYPES, EXPORT_FORMATS, adapter_parts, kohya_name, module_names,
-    to_kohya, from_kohya, save_kohya_lora, kohya_configs, read_kohya_lora, check_kohya_lora,
-    load_kohya_lora, export_adapter, load_exported, model_output, default_export_options,
-    export_options, flux_concept_judge, unet_concept_judge)
-
-_all_ = ['DIGIT_NAMES', 'THICKNESS_WORDS', 'SLANT_WORDS', 'PROPERTY_SIZE', 'SPECIAL_TOKENS',
-         'TRIGGER_WORDS', 'VOCAB', 'ink_mass', 'slant', 'property_thresholds',
-         'caption_digits', 'make_tokenizer', 'COURSE_CAPTIONER', 'CAPTION_SLOTS', 'CORNER_SHARE',
-         'to_corner', 'measure_slots', 'slots_to_captions', 'measured_captions',
-         'captioner_data', 'DigitsCaptionNet', 'CaptionerConfig', 'caption_accuracy',
-         'train_digits_captioner', 'check_images', 'images_to_tensor', 'Captioner',
-         'DigitsCaptioner', 'load_digits_captioner', 'HFCaptioner', 'get_captioner',
-         'TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'check_steps',
-         'shift_time', 'dynamic_shift_time', 'flow_grid', 'euler_step', 'calculate_shift',
-         'UNetVelocity', 'euler_sample', 'cfg_combine', 'drop_labels', 'check_guidance_scale',
-         'label_dropout_dataset', 'load_guided_ddpm', 'GuidedUNet', 'sample_guided',
-         'prompted_rate', 'mean_se', 'FlowConfig', 'make_flow_model', 'train_flow',
-         'load_pretrained_flow', 'sample_flow', 'FluxMiniConfig', 'quiet_loading',
-         'save_flux_mini', 'open_flux_mini', 'check_int', 'check_side', 'check_size',
-         'check_prompts', 'make_flux_pipeline', 'pack_latents', 'unpack_latents', 'latent_ids',
-         'FluxVelocity', 'train_vae', 'encode_latents', 'caption_table', 'generate',
-         'FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid', 'corner_rate',
-         'encode_images', 'encode_captions', 'flux_flow_loss', 'base_dtype',
-         'check_lora_targets', 'add_flux_lora', 'trainable_parameters', 'lora_state',
-         'reduce_rank', 'layer_scales', 'reduced_config', 'save_flux_lora', 'check_flux_lora',
-         'load_flux_lora', 'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder',
-         'read_concept_folder', 'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora',
-         'flux_generate', 'save_preview', 'run_summary', 'compare_runs', 'uploaded_files',
-         'make_tab', 'tab_titles', 'FluxLoRADashboard', 'flow_config', 'train_flux_mini',
-         'load_flux_mini', 'prompt_digit', 'judge_prompt_rate', 'KOHYA_PREFIXES',
-         'EXPORT_DTYPES', 'EXPORT_FORMATS', 'adapter_parts', 'kohya_name', 'module_names',
-         'to_kohya', 'from_kohya', 'save_kohya_lora', 'kohya_configs', 'read_kohya_lora',
-         'check_kohya_lora', 'load_kohya_lora', 'export_adapter', 'load_exported',
-         'model_output', 'default_export_options', 'export_options', 'flux_concept_judge',
-         'unet_concept_judge']
+_all_ = ['flow_config', 'train_flux_mini', 'load_flux_mini', 'prompt_digit', 'judge_prompt_rate']

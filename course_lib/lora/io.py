@@ -13,7 +13,8 @@ import torch.nn as nn
 
 from ..core.basics import atomic_write, unwrap_model
 from .layers import adapter_names, add_lora, set_adapters
-from .files import adapter_metadata, check_adapter_file, check_adapter_keys, read_adapter
+from .files import (
+    adapter_metadata, check_adapter_file, check_adapter_keys, read_adapter)
 
 # %% auto #0
 __all__ = ['save_adapter', 'load_adapter']

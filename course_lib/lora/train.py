@@ -22,7 +22,8 @@ from .layers import LORA_TARGETS, add_lora
 from .base import BASE_CLASSES, TRIGGER, concept_labels
 from .checks import check_train_config
 from .data import ConceptDataset
-from .metrics import MetricsLog, PeakMemory, TrainResult, preview_if_due, train_result
+from .metrics import (
+    MetricsLog, PeakMemory, TrainResult, preview_if_due, train_result)
 
 # %% auto #0
 __all__ = ['diffusion_loss', 'prior_set', 'LoRATrainConfig', 'train_step', 'train_lora']

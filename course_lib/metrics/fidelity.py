@@ -15,7 +15,8 @@ from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 
 from ..core.basics import get_device
 from .frechet import feature_statistics, frechet_distance
-from .images import DIGITS_FEATURE_SIZE, UInt8Images, reference_name, as_uint8_images
+from .images import (
+    DIGITS_FEATURE_SIZE, UInt8Images, reference_name, as_uint8_images)
 # the plumbing around torch-fidelity: library notebook 36_metrics_io
 from .io import (
     DIGITS_EXTRACTOR, resolve_extractor, check_uint8_batch, metric_list, metric_images,

@@ -254,7 +254,8 @@ def _resize_uint8(x: torch.Tensor, size: int) -> torch.Tensor:
     return y.round().clamp(0, 255).to(torch.uint8)
 
 def Digits_uint8(split: str = "train", size: int = DIGITS_FEATURE_SIZE) -> torch.Tensor:
-    """The course's real digits (`course_lib.data.images.Digits`) as uint8 `(N, 3, size, size)`: native 8x8
+    """The course's real digits (`course_lib.data.images.Digits`) as uint8 `(N, 3, size, size)`:
+    native 8x8
     scans resized (bilinear, antialiased, rounded to uint8) exactly as unit 1's training images, for
     size 8, 16 or 32."""
     from course_lib.data.images import Digits, DIGITS_SIZES

@@ -6,80 +6,111 @@
 __all__ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MINI_PILE_SUBSETS', 'SPLITS', 'PileSubset',
            'pile_set_name', 'filter_subsets', 'SubsetCount', 'count_subsets', 'merge_counts', 'composition_table',
            'split_of', 'LN2', 'n_bytes', 'BPBResult', 'rolling_windows', 'BPBReport', 'prefix_token_id', 'model_window',
-           'score_windows', 'bpb', 'COMPRESSORS', 'CODE_BYTES', 'zstd_code_bytes', 'code_bytes', 'compressor_bpb',
-           'zstd_dict_bpb', 'by_subset', 'compressor_table', 'MAX_WINDOW_SIZE', 'frame_dict_id', 'first_frame_dict_id',
-           'as_zstd_dict', 'write_jsonl_zst', 'PileFormatError', 'CorruptStreamError', 'ZstdDictionaryError',
-           'ReadStats', 'read_jsonl_zst', 'TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict', 'skipped_files_note',
-           'zstd_dict_problem', 'load_corpus', 'DICT_EXIT', 'format_table', 'mini_pile_sources', 'mini_pile_records',
-           'build_mini_pile', 'mini_pile', 'pile_main', 'read_hf_lm', 'load_local_lm', 'bpb_main', 'EOT', 'EVAL_POINTS',
-           'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'eval_steps', 'eval_documents',
-           'train_tiny_gpt2', 'tiny_gpt2', 'MERSENNE_PRIME', 'EMPTY_HASH', 'GOPHER_RULES', 'GOPHER_STOP_WORDS',
-           'BULLETS', 'normalize_text', 'text_hash', 'exact_dedup', 'word_ngrams', 'exact_jaccard', 'shingle_hashes',
-           'MinHasher', 'minhash_jaccard', 'lsh_params', 'near_duplicates', 'gopher_stats', 'gopher_reasons',
-           'ngram_set', 'Decontaminator', 'RemovalLog', 'MINHASH_CONFIG', 'FILTERS', 'DEDUPS', 'STEPS',
-           'SETTINGS_VERSION', 'doc_from_record', 'pile_record', 'subset_of', 'is_pile_shard', 'PileReader',
-           'RemovalWriter', 'SubsetFilter', 'GopherRulesFilter', 'eval_texts', 'DecontaminationFilter',
-           'TextHashSignature', 'ExactDedupFind', 'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer', 'Stage',
+           'score_windows', 'bpb', 'MERSENNE_PRIME', 'EMPTY_HASH', 'normalize_text', 'text_hash', 'exact_dedup',
+           'word_ngrams', 'exact_jaccard', 'shingle_hashes', 'MinHasher', 'minhash_jaccard', 'lsh_params',
+           'near_duplicates', 'RemovalLog', 'COMPRESSORS', 'CODE_BYTES', 'zstd_code_bytes', 'code_bytes',
+           'compressor_bpb', 'zstd_dict_bpb', 'by_subset', 'compressor_table', 'MAX_WINDOW_SIZE', 'frame_dict_id',
+           'first_frame_dict_id', 'as_zstd_dict', 'TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict',
+           'skipped_files_note', 'zstd_dict_problem', 'load_corpus', 'write_jsonl_zst', 'PileFormatError',
+           'CorruptStreamError', 'ZstdDictionaryError', 'ReadStats', 'read_jsonl_zst', 'format_table',
+           'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile', 'EOT', 'EVAL_POINTS', 'EVAL_DOCS',
+           'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'eval_steps', 'eval_documents', 'train_tiny_gpt2',
+           'tiny_gpt2', 'read_hf_lm', 'load_local_lm', 'GOPHER_RULES', 'GOPHER_STOP_WORDS', 'BULLETS', 'gopher_stats',
+           'gopher_reasons', 'ngram_set', 'Decontaminator', 'MINHASH_CONFIG', 'doc_from_record', 'pile_record',
+           'subset_of', 'is_pile_shard', 'PileReader', 'RemovalWriter', 'SubsetFilter', 'GopherRulesFilter',
+           'eval_texts', 'DecontaminationFilter', 'TextHashSignature', 'ExactDedupFind', 'ExactDedupFilter',
+           'PileWriter', 'WhitespaceWordTokenizer', 'FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'Stage',
            'clean_pipeline', 'run_pipeline', 'clean_settings', 'check_clean_args', 'CleanReport', 'read_removals',
            'clean_report', 'run_clean']
 
-# %% ../../nbs/69z_pile_api.ipynb #e6a8cfa9
+# %% ../../nbs/69z_pile_api.ipynb #f48cb9a5
 from .format import (
     PILE_TABLE1, PILE_SUBSETS, PILE_RAW_GIB, PILE_EFFECTIVE_GIB, MINI_PILE_SUBSETS, SPLITS,
     PileSubset, pile_set_name, filter_subsets, SubsetCount, count_subsets, merge_counts,
     composition_table, split_of)
+_all_ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MINI_PILE_SUBSETS',
+         'SPLITS', 'PileSubset', 'pile_set_name', 'filter_subsets', 'SubsetCount',
+         'count_subsets', 'merge_counts', 'composition_table', 'split_of']
+
+# %% ../../nbs/69z_pile_api.ipynb #82d38ebb
 from course_lib.pile.bpb import (
     LN2, n_bytes, BPBResult, rolling_windows, BPBReport, prefix_token_id, model_window,
     score_windows, bpb)
-from course_lib.pile.compressors import (
-    COMPRESSORS, CODE_BYTES, zstd_code_bytes, code_bytes, compressor_bpb, zstd_dict_bpb, by_subset,
-    compressor_table)
-from .zstd_stream import MAX_WINDOW_SIZE, frame_dict_id, first_frame_dict_id, as_zstd_dict
-from course_lib.pile.jsonl_zst import (
-    write_jsonl_zst, PileFormatError, CorruptStreamError, ZstdDictionaryError, ReadStats,
-    read_jsonl_zst)
+_all_ = ['LN2', 'n_bytes', 'BPBResult', 'rolling_windows', 'BPBReport', 'prefix_token_id',
+         'model_window', 'score_windows', 'bpb']
+
+# %% ../../nbs/69z_pile_api.ipynb #27fe48a1
+from course_lib.pile.clean import (
+    MERSENNE_PRIME, EMPTY_HASH, normalize_text, text_hash, exact_dedup, word_ngrams,
+    exact_jaccard, shingle_hashes, MinHasher, minhash_jaccard, lsh_params, near_duplicates,
+    RemovalLog)
+_all_ = ['MERSENNE_PRIME', 'EMPTY_HASH', 'normalize_text', 'text_hash', 'exact_dedup',
+         'word_ngrams', 'exact_jaccard', 'shingle_hashes', 'MinHasher', 'minhash_jaccard',
+         'lsh_params', 'near_duplicates', 'RemovalLog']
+
+# %% ../../nbs/69z_pile_api.ipynb #88d0185a
+from .compressors import (
+    COMPRESSORS, CODE_BYTES, zstd_code_bytes, code_bytes, compressor_bpb, zstd_dict_bpb,
+    by_subset, compressor_table)
+_all_ = ['COMPRESSORS', 'CODE_BYTES', 'zstd_code_bytes', 'code_bytes', 'compressor_bpb',
+         'zstd_dict_bpb', 'by_subset', 'compressor_table']
+
+# %% ../../nbs/69z_pile_api.ipynb #0b95948b
+from .zstd_stream import (
+    MAX_WINDOW_SIZE, frame_dict_id, first_frame_dict_id, as_zstd_dict)
+_all_ = ['MAX_WINDOW_SIZE', 'frame_dict_id', 'first_frame_dict_id', 'as_zstd_dict']
+
+# %% ../../nbs/69z_pile_api.ipynb #e88fd480
 from course_lib.pile.corpus import (
     TEXT_SUFFIXES, SHARD_SUFFIXES, check_zstd_dict, skipped_files_note, zstd_dict_problem,
     load_corpus)
-from course_lib.pile.mini import (
-    DICT_EXIT, format_table, mini_pile_sources, mini_pile_records, build_mini_pile, mini_pile,
-    pile_main)
-from .lm_files import read_hf_lm, load_local_lm, bpb_main
+_all_ = ['TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict', 'skipped_files_note',
+         'zstd_dict_problem', 'load_corpus']
+
+# %% ../../nbs/69z_pile_api.ipynb #352d59d9
+from course_lib.pile.jsonl_zst import (
+    write_jsonl_zst, PileFormatError, CorruptStreamError, ZstdDictionaryError, ReadStats,
+    read_jsonl_zst)
+_all_ = ['write_jsonl_zst', 'PileFormatError', 'CorruptStreamError', 'ZstdDictionaryError',
+         'ReadStats', 'read_jsonl_zst']
+
+# %% ../../nbs/69z_pile_api.ipynb #7f080b88
+from .mini import (
+    format_table, mini_pile_sources, mini_pile_records, build_mini_pile, mini_pile)
+_all_ = ['format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile']
+
+# %% ../../nbs/69z_pile_api.ipynb #bef3b567
 from .lm import (
     EOT, EVAL_POINTS, EVAL_DOCS, train_bpe_tokenizer, TinyGPTConfig, token_blocks, eval_steps,
     eval_documents, train_tiny_gpt2, tiny_gpt2)
-from .clean import (
-    MERSENNE_PRIME, EMPTY_HASH, GOPHER_RULES, GOPHER_STOP_WORDS, BULLETS, normalize_text, text_hash,
-    exact_dedup, word_ngrams, exact_jaccard, shingle_hashes, MinHasher, minhash_jaccard, lsh_params,
-    near_duplicates, gopher_stats, gopher_reasons, ngram_set, Decontaminator, RemovalLog)
-from .pipeline import (
-    MINHASH_CONFIG, FILTERS, DEDUPS, STEPS, SETTINGS_VERSION, doc_from_record, pile_record,
-    subset_of, is_pile_shard, PileReader, RemovalWriter, SubsetFilter, GopherRulesFilter,
-    eval_texts, DecontaminationFilter, TextHashSignature, ExactDedupFind, ExactDedupFilter,
-    PileWriter, WhitespaceWordTokenizer, Stage, clean_pipeline, run_pipeline, clean_settings,
-    check_clean_args, CleanReport, read_removals, clean_report, run_clean)
+_all_ = ['EOT', 'EVAL_POINTS', 'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks',
+         'eval_steps', 'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2']
 
-_all_ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'MINI_PILE_SUBSETS',
-         'SPLITS', 'PileSubset', 'pile_set_name', 'filter_subsets', 'SubsetCount',
-         'count_subsets', 'merge_counts', 'composition_table', 'split_of', 'LN2', 'n_bytes',
-         'BPBResult', 'rolling_windows', 'BPBReport', 'prefix_token_id', 'model_window',
-         'score_windows', 'bpb', 'COMPRESSORS', 'CODE_BYTES', 'zstd_code_bytes', 'code_bytes',
-         'compressor_bpb', 'zstd_dict_bpb', 'by_subset', 'compressor_table', 'MAX_WINDOW_SIZE',
-         'frame_dict_id', 'first_frame_dict_id', 'as_zstd_dict', 'write_jsonl_zst',
-         'PileFormatError', 'CorruptStreamError', 'ZstdDictionaryError', 'ReadStats',
-         'read_jsonl_zst', 'TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict',
-         'skipped_files_note', 'zstd_dict_problem', 'load_corpus', 'DICT_EXIT', 'format_table',
-         'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile', 'pile_main',
-         'read_hf_lm', 'load_local_lm', 'bpb_main', 'EOT', 'EVAL_POINTS', 'EVAL_DOCS',
-         'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'eval_steps',
-         'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2', 'MERSENNE_PRIME', 'EMPTY_HASH',
-         'GOPHER_RULES', 'GOPHER_STOP_WORDS', 'BULLETS', 'normalize_text', 'text_hash',
-         'exact_dedup', 'word_ngrams', 'exact_jaccard', 'shingle_hashes', 'MinHasher',
-         'minhash_jaccard', 'lsh_params', 'near_duplicates', 'gopher_stats', 'gopher_reasons',
-         'ngram_set', 'Decontaminator', 'RemovalLog', 'MINHASH_CONFIG', 'FILTERS', 'DEDUPS',
-         'STEPS', 'SETTINGS_VERSION', 'doc_from_record', 'pile_record', 'subset_of',
-         'is_pile_shard', 'PileReader', 'RemovalWriter', 'SubsetFilter', 'GopherRulesFilter',
-         'eval_texts', 'DecontaminationFilter', 'TextHashSignature', 'ExactDedupFind',
-         'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer', 'Stage',
-         'clean_pipeline', 'run_pipeline', 'clean_settings', 'check_clean_args', 'CleanReport',
+# %% ../../nbs/69z_pile_api.ipynb #59930ba1
+from .lm_files import read_hf_lm, load_local_lm
+_all_ = ['read_hf_lm', 'load_local_lm']
+
+# %% ../../nbs/69z_pile_api.ipynb #7ca39605
+from course_lib.pile.quality import (
+    GOPHER_RULES, GOPHER_STOP_WORDS, BULLETS, gopher_stats, gopher_reasons, ngram_set,
+    Decontaminator)
+_all_ = ['GOPHER_RULES', 'GOPHER_STOP_WORDS', 'BULLETS', 'gopher_stats', 'gopher_reasons',
+         'ngram_set', 'Decontaminator']
+
+# %% ../../nbs/69z_pile_api.ipynb #3cf1372e
+from .steps import (
+    MINHASH_CONFIG, doc_from_record, pile_record, subset_of, is_pile_shard, PileReader,
+    RemovalWriter, SubsetFilter, GopherRulesFilter, eval_texts, DecontaminationFilter,
+    TextHashSignature, ExactDedupFind, ExactDedupFilter, PileWriter, WhitespaceWordTokenizer)
+_all_ = ['MINHASH_CONFIG', 'doc_from_record', 'pile_record', 'subset_of', 'is_pile_shard',
+         'PileReader', 'RemovalWriter', 'SubsetFilter', 'GopherRulesFilter', 'eval_texts',
+         'DecontaminationFilter', 'TextHashSignature', 'ExactDedupFind',
+         'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer']
+
+# %% ../../nbs/69z_pile_api.ipynb #28c4c6c8
+from .pipeline import (
+    FILTERS, DEDUPS, STEPS, SETTINGS_VERSION, Stage, clean_pipeline, run_pipeline,
+    clean_settings, check_clean_args, CleanReport, read_removals, clean_report, run_clean)
+_all_ = ['FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'Stage', 'clean_pipeline',
+         'run_pipeline', 'clean_settings', 'check_clean_args', 'CleanReport',
          'read_removals', 'clean_report', 'run_clean']

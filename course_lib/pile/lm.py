@@ -11,7 +11,8 @@ from collections.abc import Iterable
 
 import torch
 
-from ..core.basics import restore_pretrained, grad_enabled, cache_dir, seed_everything, get_device
+from ..core.basics import (
+    restore_pretrained, grad_enabled, cache_dir, seed_everything, get_device)
 from .jsonl_zst import read_jsonl_zst
 from .mini import mini_pile
 

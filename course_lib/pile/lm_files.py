@@ -4,20 +4,15 @@
 
 # %% ../../nbs/68_bpb_command.ipynb #25e5cc0e
 from __future__ import annotations
-import argparse, itertools, json, math, os, sys, warnings
+import os
 from pathlib import Path
 
 import torch
 
-from .bpb import bpb, model_window
-from .compressors import compressor_table
-from .jsonl_zst import PileFormatError, ReadStats, ZstdDictionaryError
-from .corpus import check_zstd_dict, load_corpus, zstd_dict_problem
-from .mini import DICT_EXIT, format_table
 from ..core.weight_files import folder_problem
 
 # %% auto #0
-__all__ = ['read_hf_lm', 'load_local_lm', 'bpb_main']
+__all__ = ['read_hf_lm', 'load_local_lm']
 
 # %% ../../nbs/68_bpb_command.ipynb #78ec7cf6
 def read_hf_lm(path, fix: str):
@@ -55,112 +50,3 @@ def load_local_lm(path: str | os.PathLike, device=None):
                                "tokenizer.save_pretrained(dir)) or copy it again")
     if device is not None: model.to(device)
     return model.eval(), tok
-
-# %% ../../nbs/68_bpb_command.ipynb #a3de0d40
-def _finite_or_null(x):
-    "`x` with every NaN or infinity (an undefined figure) replaced by None, for JSON."
-    if isinstance(x, float): return x if math.isfinite(x) else None
-    if isinstance(x, dict): return {k: _finite_or_null(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [_finite_or_null(v) for v in x]
-    return x
-
-# %% ../../nbs/68_bpb_command.ipynb #b05fea50
-def _bpb_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="course bpb", description="bits per byte of a local causal LM "
-                                "on Pile-format files, per subset", epilog=DICT_EXIT)
-    p.add_argument("--model", required=True,
-                   help="a local Hugging Face model directory (with its tokenizer)")
-    p.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
-    p.add_argument("--window", type=int, default=None,
-                   help="context window in tokens (default: the model's)")
-    p.add_argument("--stride", type=int, default=None,
-                   help="sliding-window stride (default: disjoint rolling windows)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-docs", type=int, default=None,
-                   help="only the first N documents (read no further)")
-    p.add_argument("--errors", choices=("strict", "skip"), default="strict",
-                   help="skip: skip (and count) bad lines instead of stopping at the first")
-    p.add_argument("--compressors", action="store_true",
-                   help="also report gzip/bz2/lzma/zstd BPB per subset")
-    p.add_argument("--zstd-dict", metavar="FILE", default=None,
-                   help="the zstd dictionary the .zst files were compressed with (zstd -D FILE)")
-    p.add_argument("--json", action="store_true")
-    return p
-
-def _bad_argument(a) -> str | None:
-    "What is wrong with the arguments `a` (a missing file, a number < 1), or None."
-    missing = [f for f in a.files if not Path(f).exists()]
-    if missing: return f"no such file or folder: {', '.join(missing)}"
-    note = lambda m: print(f"course bpb: note: {m}", file=sys.stderr)
-    if a.zstd_dict is not None and (bad := zstd_dict_problem(a.zstd_dict, note)): return bad
-    for k in ("window", "stride", "batch_size", "max_docs"):
-        v = getattr(a, k)
-        if v is not None and v < 1: return f"--{k.replace('_', '-')} must be >= 1, got {v}"
-    return None
-
-# %% ../../nbs/68_bpb_command.ipynb #e461d363
-def _score_files(a, model, tok) -> tuple:
-    """`(report, docs, stats)` of the files of `a` (`stats`: the `ReadStats` of the read). With
-    `--errors skip`, says on stderr how many bad lines it skipped. Raises `ValueError`
-    (`PileFormatError` too), `OSError`."""
-    window = a.window or model_window(model)
-    try: ctx = model_window(model)
-    except ValueError: ctx = window                     # a model that does not say: trust --window
-    if window > ctx:
-        raise ValueError(f"--window {window} is longer than the model's context ({ctx} tokens)")
-    if a.stride is not None and a.stride > window:
-        raise ValueError(f"--stride {a.stride} > window {window}")
-    with warnings.catch_warnings(record=True) as caught:   # a folder's skipped files, said once
-        warnings.simplefilter("always", UserWarning)
-        stats = ReadStats()
-        records = (r for f in a.files
-                   for r in load_corpus(f, a.errors, stats, dict_data=a.zstd_dict))
-        docs = list(itertools.islice(records, a.max_docs))   # streamed: reads no further
-    for w in caught: print(f"course bpb: {w.message}", file=sys.stderr)
-    if a.errors == "skip":
-        e = stats.errors[:1]
-        first = f" (the first: line {e[0][0]}, {e[0][1]})" if e else ""
-        print(f"course bpb: --errors skip skipped {stats.skipped} bad line(s){first}",
-              file=sys.stderr)
-    rep = bpb(model, tok, docs, window=a.window, stride=a.stride, batch_size=a.batch_size)
-    return rep, docs, stats
-
-# %% ../../nbs/68_bpb_command.ipynb #9241d4e1
-def bpb_main(argv: list[str]) -> int:
-    """`course bpb --model DIR FILE... [--window N] [--stride N] [--batch-size N] [--max-docs N]
-    [--errors {strict,skip}] [--compressors] [--zstd-dict FILE] [--json]`. Exit 2 for a bad
-    argument, a window longer than the model's context, no text to score, or a data file that
-    needs another zstd dictionary (`--zstd-dict`), 1 for a damaged data file. With `--json`, a
-    figure that is undefined (the BPB of a subset whose documents are all empty) is null. With
-    `--errors skip`, the number of bad lines skipped is printed (`skipped_lines` in the JSON)."""
-    def fail(msg, code):
-        print(f"course bpb: {msg}", file=sys.stderr)
-        return code
-    try: a = _bpb_parser().parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    if (bad := _bad_argument(a)) is not None: return fail(bad, 2)
-    try: check_zstd_dict(a.files, a.zstd_dict)   # before the model loads: a block a file
-    except PileFormatError as e: return fail(e, 2 if isinstance(e, ZstdDictionaryError) else 1)
-    try: model, tok = load_local_lm(a.model)
-    except (FileNotFoundError, OSError, ValueError) as e: return fail(e, 2)
-    try: rep, docs, stats = _score_files(a, model, tok)
-    except PileFormatError as e: return fail(e, 2 if isinstance(e, ZstdDictionaryError) else 1)
-    except (ValueError, FileNotFoundError) as e: return fail(e, 2)
-    if not rep.overall.bytes:
-        return fail(f"no text to score: {len(docs)} document(s) with 0 bytes of text in "
-                    f"{', '.join(a.files)}", 2)
-    out = {"model": str(a.model), "window": rep.window, "stride": rep.stride,
-           "subsets": rep.table()}
-    if a.errors == "skip": out["skipped_lines"] = stats.skipped
-    if a.compressors:
-        out["compressors"] = compressor_table(docs, ("gzip-9", "bz2-9", "lzma-9e", "zstd-19"))
-    if a.json:   # a subset whose documents are all empty has no BPB: null (JSON has no NaN)
-        print(json.dumps(_finite_or_null(out), indent=1, allow_nan=False))
-        return 0
-    print(f"model {a.model}, window {rep.window}, stride {rep.stride}")
-    print(format_table(rep.table(), floats=".4f"))
-    if a.compressors:
-        print()
-        rows = [{"compressor": m, **v} for m, v in out["compressors"].items()]
-        print(format_table(rows, floats=".3f"))
-    return 0

@@ -4,23 +4,19 @@
 
 # %% ../../nbs/66_pile_command.ipynb #31b2db60
 from __future__ import annotations
-import argparse, hashlib, json, os, sys, sysconfig, warnings
+import hashlib, json, os, sysconfig, warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from ..core.basics import atomic_write, cache_dir, forking_beside_threads, start_method
 from ..core.cache import cache_key, cache_lock
-from .jsonl_zst import (
-    PileFormatError, ReadStats, ZstdDictionaryError, read_jsonl_zst, write_jsonl_zst, _dumps)
-from .corpus import (
-    load_corpus, skipped_files_note, zstd_dict_problem, _folder_files, _read_text)
-from course_lib.pile.format import (
-    MINI_PILE_SUBSETS, SPLITS, SubsetCount, composition_table, count_subsets, merge_counts,
-    split_of)
+from .jsonl_zst import ReadStats, read_jsonl_zst, write_jsonl_zst, _dumps
+from .corpus import load_corpus, skipped_files_note, _folder_files, _read_text
+from .format import MINI_PILE_SUBSETS, SPLITS, SubsetCount, count_subsets, split_of
 
 # %% auto #0
-__all__ = ['DICT_EXIT', 'format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile', 'pile_main']
+__all__ = ['format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile']
 
 # %% ../../nbs/66_pile_command.ipynb #46b6a615
 def format_table(rows: list[dict], floats: str = ".2f") -> str:
@@ -188,82 +184,6 @@ def _stats_tasks(paths: list[str]) -> tuple[list[str], list[str]]:
         if skipped: notes.append(skipped_files_note(p, shards, skipped))
     return out, notes
 
-# %% ../../nbs/66_pile_command.ipynb #9db88fca
-DICT_EXIT = ("exit status: 0 done, 1 a damaged file (or a dead worker), 2 a bad argument, "
-             "including a .zst file that needs a zstd dictionary other than --zstd-dict's "
-             "(the file is not damaged)")
-
-def _zstd_dict_option(p) -> None:
-    p.add_argument("--zstd-dict", metavar="FILE", default=None,
-                   help="the zstd dictionary the .zst files were compressed with (zstd -D FILE)")
-
-# %% ../../nbs/66_pile_command.ipynb #9db88fcb
-def _pile_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="course pile", description="Pile-format .jsonl.zst tools")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    s = sub.add_parser("stats", help="documents and bytes per pile_set_name",
-                       epilog=DICT_EXIT)
-    s.add_argument("files", nargs="+", help=".jsonl.zst/.jsonl files or folders")
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    s.add_argument("--errors", choices=("strict", "skip"), default="strict",
-                   help="a malformed line: stop (strict, the default) or skip and count it")
-    s.add_argument("--processes", type=int, default=1,
-                   help="read several files (or a folder's shards) in parallel processes")
-    _zstd_dict_option(s)
-    b = sub.add_parser("build-mini",
-                       help="write the mini-Pile (train/val/test .jsonl.zst) into OUT")
-    b.add_argument("out")
-    b.add_argument("--max-mb", type=float, default=4.0, help="MB of text per subset (default 4)")
-    b.add_argument("--max-doc-kb", type=float, default=256,
-                   help="leave out source files larger than this, in KB (default 256)")
-    _clean_parser(sub)
-    return p
-
-def _build_mini(a) -> int:
-    "`course pile build-mini`: exit 2 for a bad argument, 1 when the build fails."
-    def err(m):
-        print(f"course pile build-mini: {m}", file=sys.stderr)
-        return 2
-    if not (a.max_mb > 0 and a.max_doc_kb > 0):
-        return err(f"--max-mb and --max-doc-kb must be > 0, got {a.max_mb:g} and {a.max_doc_kb:g}")
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        return err(f"{a.out} is a file, not a folder")
-    try: paths = build_mini_pile(a.out, a.max_mb, a.max_doc_kb)
-    except (OSError, RuntimeError) as e:
-        print(f"course pile build-mini: {e}", file=sys.stderr)
-        return 1
-    for sp, path in paths.items(): print(f"{sp:<6} {path}  {path.stat().st_size/1e6:.2f} MB")
-    return 0
-
-# %% ../../nbs/66_pile_command.ipynb #c761caa9
-def _clean_parser(sub) -> None:
-    c = sub.add_parser("clean", help="clean Pile shards with a datatrove pipeline "
-                       "(filters, subsets, decontamination, dedup)",
-                       description="Clean the Pile shards of IN (.jsonl.zst, .jsonl.gz, .jsonl, "
-                       "any case) into Pile-format OUT/NNNNN.jsonl.zst, with removal logs and "
-                       "counts in OUT/.clean. Run again with the same settings to resume a stopped "
-                       "run.", epilog=DICT_EXIT)
-    c.add_argument("input", metavar="IN", help="a shard, or a folder of shards")
-    c.add_argument("output", metavar="OUT", help="an empty or new folder (or a previous run's)")
-    c.add_argument("--dedup", choices=("exact", "minhash", "none"), default="exact",
-                   help="exact: normalised-text hash, minhash: datatrove's MinHash LSH stages "
-                        "(default exact)")
-    c.add_argument("--filters", nargs="+", choices=("gopher", "none"), default=["gopher"],
-                   help="quality filters: gopher (Gopher's rules, the default) or none")
-    c.add_argument("--drop-subsets", nargs="+", default=[], metavar="NAME",
-                   help="drop the documents of these pile_set_names (quote names with spaces)")
-    c.add_argument("--decontaminate", metavar="SPLIT_OR_PATH",
-                   help="drop documents sharing a 13-gram with: val, test or val,test (the "
-                        "mini-Pile's splits; mini:val, mini:val,test when a file or folder here "
-                        "has the name), or a file or folder of shards (read with --zstd-dict)")
-    c.add_argument("--tasks", type=int, default=1, help="tasks the input is split into (default 1)")
-    c.add_argument("--workers", type=int, default=1,
-                   help="tasks run at the same time, in processes (default 1)")
-    c.add_argument("--errors", choices=("strict", "skip"), default="strict",
-                   help="a malformed line: stop (strict, the default) or skip and count it")
-    _zstd_dict_option(c)
-
-
 # %% ../../nbs/66_pile_command.ipynb #c01795c8
 def _stats_parts(tasks: list[str], errors: str, processes: int,
                  zstd_dict: str | None = None) -> list[tuple[dict, dict]]:
@@ -281,113 +201,3 @@ def _stats_parts(tasks: list[str], errors: str, processes: int,
             return [futs[i].result() for i in range(len(tasks))]
     return [_stats_one(f, errors, True, zstd_dict) for f in tasks]
 
-def _bad_stats_args(a) -> str | None:
-    "What is wrong with `course pile stats`'s arguments `a`, or None."
-    missing = [f for f in a.files if not Path(f).exists()]
-    if missing: return f"no such file or folder: {', '.join(missing)}"
-    if a.processes < 1: return f"--processes must be >= 1, got {a.processes}"
-    note = lambda m: print(f"course pile stats: note: {m}", file=sys.stderr)
-    if a.zstd_dict is not None: return zstd_dict_problem(a.zstd_dict, note)
-    return None
-
-
-def _skipped_note(n: int) -> str: return f"({n} bad line{'' if n == 1 else 's'} skipped)"
-
-
-# %% ../../nbs/66_pile_command.ipynb #c47c0001
-def _decontaminate_paths(value: str | None) -> list[str] | None:
-    """`--decontaminate`: an existing path, or mini-Pile split names (val, test, val,test), written
-    `mini:val` to name the split beside a file or folder `val`. `ValueError` when a bare split name
-    is also a path here (naming both), `FileNotFoundError` when it is neither."""
-    if value is None: return None
-    names, bare = value.removeprefix("mini:"), not value.startswith("mini:")
-    split = all(n in ("val", "test") for n in names.split(","))
-    both = [n for n in names.split(",") if Path(n).exists()] if split and bare else []
-    if both:   # each name: val,test beside a folder test is no less ambiguous than test alone
-        raise ValueError(f"--decontaminate {value} names both the file or folder "
-                         f"{Path(both[0]).absolute()} and the mini-Pile's {both[0]} split: write "
-                         f"./{both[0]} for the file or folder, mini:{value} for the split(s)")
-    if bare and Path(value).exists(): return [value]
-    if not split:
-        raise FileNotFoundError(f"--decontaminate {value}: no such file or folder, and not "
-                                f"val, test or val,test (mini:val for the split beside a "
-                                f"folder val)")
-    paths = mini_pile()
-    return [str(paths[n]) for n in names.split(",")]
-
-
-# %% ../../nbs/66_pile_command.ipynb #1bd61b5e
-def _clean(a) -> int:
-    "`course pile clean`: exit 2 for a bad argument (nothing written), 1 when the run fails."
-    def say(m, code):
-        print(f"course pile clean: {m}", file=sys.stderr)
-        return code
-    try: from course_lib.pile import pipeline as pp
-    except ImportError as e:
-        return say(f"needs datatrove ({e}): pip install 'course_lib[pile]'", 1)
-    filters = [f for f in a.filters if f != "none"]
-    kw = dict(dedup=a.dedup, filters=filters, drop_subsets=a.drop_subsets, errors=a.errors,
-              tasks=a.tasks, zstd_dict=a.zstd_dict)
-    note = lambda m: say(f"note: {m}", 0)
-    if a.zstd_dict is not None and (bad := zstd_dict_problem(a.zstd_dict, note)):
-        return say(bad, 2)
-    try:
-        kw["decontaminate"] = _decontaminate_paths(a.decontaminate)
-        pp.check_clean_args(a.input, a.output, workers=a.workers, **kw)
-    except (ValueError, OSError) as e: return say(e, 2)   # ZstdDictionaryError too
-    n = len(pp._reader(a.input, a.errors, Path(a.output)).files())
-    if a.tasks > n: say(f"note: {a.tasks} tasks for {n} shard(s): a task reads whole shards, so "
-                        f"{a.tasks - n} task(s) will have nothing to read", 0)
-    try: rep = pp.run_clean(a.input, a.output, workers=a.workers, **kw)
-    except ZstdDictionaryError as e: return say(e, 2)   # a later frame: not damaged either
-    except (PileFormatError, OSError, RuntimeError) as e: return say(e, 1)
-    print(format_table(rep.table()))
-    print(f"kept {rep.documents_kept} of {rep.documents_in} documents "
-          f"({rep.bytes_kept / 1e6:.2f} of {rep.bytes_in / 1e6:.2f} MB) in {len(rep.files)} "
-          f"shard(s) in {a.output}, removal logs in {Path(a.output)/'.clean'/'removed'}")
-    if rep.skipped_lines: print(_skipped_note(rep.skipped_lines))
-    return 0
-
-
-# %% ../../nbs/66_pile_command.ipynb #d97be37e
-def _stats(a) -> int:
-    """`course pile stats`: exit 2 for a bad argument (a .zst file that needs another zstd
-    dictionary too), 1 for a damaged file or a dead worker."""
-    from concurrent.futures.process import BrokenProcessPool
-    if bad := _bad_stats_args(a):
-        print(f"course pile stats: {bad}", file=sys.stderr)
-        return 2
-    tasks, notes = _stats_tasks(a.files)
-    for note in notes: print(f"course pile stats: {note}", file=sys.stderr)
-    try: parts = _stats_parts(tasks, a.errors, a.processes, a.zstd_dict)
-    except ZstdDictionaryError as e:   # not damaged: --zstd-dict is missing or another one
-        print(f"course pile stats: {e}", file=sys.stderr)
-        return 2
-    except (PileFormatError, ValueError, FileNotFoundError) as e:
-        print(f"course pile stats: {e}", file=sys.stderr)
-        return 1
-    except BrokenProcessPool as e:   # a worker killed (out of memory, a signal): no error came back
-        print(f"course pile stats: a worker process died ({e}); try fewer --processes",
-              file=sys.stderr)
-        return 1
-    counts = merge_counts(*[{k: SubsetCount(**v) for k, v in c.items()} for c, _ in parts])
-    rows = composition_table(counts)
-    skipped = sum(i["skipped"] for _, i in parts)
-    if a.json: print(json.dumps({"subsets": rows, "skipped_lines": skipped}, indent=1))
-    else:
-        print(format_table(rows))
-        if skipped: print(_skipped_note(skipped))
-    return 0
-
-# %% ../../nbs/66_pile_command.ipynb #d97be37f
-def pile_main(argv: list[str]) -> int:
-    """`course pile stats FILE... [--json] [--errors skip] [--processes N] [--zstd-dict FILE]` |
-    `course pile build-mini OUT [--max-mb N]` | `course pile clean IN OUT [options]` (`--help`).
-    Returns the exit code."""
-    p = _pile_parser()
-    try: a = p.parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    if a.cmd is None:
-        p.print_help(sys.stderr)
-        return 2
-    return {"build-mini": _build_mini, "stats": _stats, "clean": _clean}[a.cmd](a)

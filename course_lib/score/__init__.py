@@ -5,44 +5,58 @@
 # %% auto #0
 __all__ = ['GaussianMixture', 'make_mixture', 'toy_data', 'mixture_score_fn', 'check_sigma_range', 'ToyScoreConfig', 'dsm_loss',
            'ssm_loss', 'ScoreMLP', 'sample_sigmas', 'train_toy_score', 'score_error', 'relative_score_errors',
-           'cached_model_state', 'toy_score_path', 'load_toy_score', 'toy_score_status', 'LangevinDivergedError',
-           'langevin', 'annealed_langevin', 'geometric_sigmas', 'component_weights', 'energy_distance',
-           'sliced_wasserstein', 'sample_report', 'NCSNConfig', 'NCSN', 'train_ncsn', 'load_ncsn', 'per_sample',
-           'randn_on', 'as_times', 'gaussian_logp', 'cpu64', 'generator_device', 'randn64', 'network_output',
-           'check_ve_range', 'check_vp_range', 'time_grid', 'ode_rhs', 'ode_sampler', 'divergence', 'likelihood_rhs',
-           'ode_likelihood', 'bits_per_dim', 'dequantize', 'SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn',
-           'euler_maruyama_sampler', 'reverse_diffusion_step', 'langevin_corrector_step', 'pc_sampler', 'ScheduleVPSDE',
-           'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd']
+           'cached_model_state', 'toy_score_path', 'load_toy_score', 'toy_score_status', 'per_sample', 'randn_on',
+           'as_times', 'gaussian_logp', 'cpu64', 'generator_device', 'randn64', 'network_output', 'check_ve_range',
+           'check_vp_range', 'time_grid', 'ode_rhs', 'ode_sampler', 'divergence', 'likelihood_rhs', 'ode_likelihood',
+           'bits_per_dim', 'dequantize', 'SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler',
+           'reverse_diffusion_step', 'langevin_corrector_step', 'pc_sampler', 'ScheduleVPSDE', 'ddpm_score_fn',
+           'ddpm_vs_sde_step', 'ddpm_elbo_bpd', 'LangevinDivergedError', 'langevin', 'annealed_langevin',
+           'geometric_sigmas', 'component_weights', 'energy_distance', 'sliced_wasserstein', 'sample_report',
+           'NCSNConfig', 'NCSN', 'train_ncsn', 'load_ncsn']
 
-# %% ../../nbs/26z_score_api.ipynb #d60b642c
+# %% ../../nbs/26z_score_api.ipynb #b4851779
 from .toys import (
     GaussianMixture, make_mixture, toy_data, mixture_score_fn, check_sigma_range, ToyScoreConfig)
+_all_ = ['GaussianMixture', 'make_mixture', 'toy_data', 'mixture_score_fn', 'check_sigma_range',
+         'ToyScoreConfig']
+
+# %% ../../nbs/26z_score_api.ipynb #55daa5f5
 from course_lib.score.matching import (
     dsm_loss, ssm_loss, ScoreMLP, sample_sigmas, train_toy_score, score_error,
     relative_score_errors)
-from .cache import cached_model_state, toy_score_path, load_toy_score, toy_score_status
-from .langevin import (
-    LangevinDivergedError, langevin, annealed_langevin, geometric_sigmas, component_weights,
-    energy_distance, sliced_wasserstein, sample_report, NCSNConfig, NCSN, train_ncsn, load_ncsn)
+_all_ = ['dsm_loss', 'ssm_loss', 'ScoreMLP', 'sample_sigmas', 'train_toy_score', 'score_error',
+         'relative_score_errors']
+
+# %% ../../nbs/26z_score_api.ipynb #bdffddb5
+from .cache import (
+    cached_model_state, toy_score_path, load_toy_score, toy_score_status)
+_all_ = ['cached_model_state', 'toy_score_path', 'load_toy_score', 'toy_score_status']
+
+# %% ../../nbs/26z_score_api.ipynb #28dc2479
 from .numerics import (
-    per_sample, randn_on, as_times, gaussian_logp, cpu64, generator_device, randn64, network_output,
-    check_ve_range, check_vp_range, time_grid, ode_rhs, ode_sampler, divergence, likelihood_rhs,
-    ode_likelihood, bits_per_dim, dequantize)
+    per_sample, randn_on, as_times, gaussian_logp, cpu64, generator_device, randn64,
+    network_output, check_ve_range, check_vp_range, time_grid, ode_rhs, ode_sampler, divergence,
+    likelihood_rhs, ode_likelihood, bits_per_dim, dequantize)
+_all_ = ['per_sample', 'randn_on', 'as_times', 'gaussian_logp', 'cpu64', 'generator_device',
+         'randn64', 'network_output', 'check_ve_range', 'check_vp_range', 'time_grid',
+         'ode_rhs', 'ode_sampler', 'divergence', 'likelihood_rhs', 'ode_likelihood',
+         'bits_per_dim', 'dequantize']
+
+# %% ../../nbs/26z_score_api.ipynb #d58b62bd
 from .sde import (
     SDE, ReverseSDE, VESDE, VPSDE, ve_score_fn, euler_maruyama_sampler, reverse_diffusion_step,
     langevin_corrector_step, pc_sampler)
-from .digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, ddpm_elbo_bpd
+_all_ = ['SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler',
+         'reverse_diffusion_step', 'langevin_corrector_step', 'pc_sampler']
 
-_all_ = ['GaussianMixture', 'make_mixture', 'toy_data', 'mixture_score_fn', 'check_sigma_range',
-         'ToyScoreConfig', 'dsm_loss', 'ssm_loss', 'ScoreMLP', 'sample_sigmas',
-         'train_toy_score', 'score_error', 'relative_score_errors', 'cached_model_state',
-         'toy_score_path', 'load_toy_score', 'toy_score_status', 'LangevinDivergedError',
-         'langevin', 'annealed_langevin', 'geometric_sigmas', 'component_weights',
-         'energy_distance', 'sliced_wasserstein', 'sample_report', 'NCSNConfig', 'NCSN',
-         'train_ncsn', 'load_ncsn', 'per_sample', 'randn_on', 'as_times', 'gaussian_logp',
-         'cpu64', 'generator_device', 'randn64', 'network_output', 'check_ve_range',
-         'check_vp_range', 'time_grid', 'ode_rhs', 'ode_sampler', 'divergence',
-         'likelihood_rhs', 'ode_likelihood', 'bits_per_dim', 'dequantize', 'SDE', 'ReverseSDE',
-         'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler', 'reverse_diffusion_step',
-         'langevin_corrector_step', 'pc_sampler', 'ScheduleVPSDE', 'ddpm_score_fn',
-         'ddpm_vs_sde_step', 'ddpm_elbo_bpd']
+# %% ../../nbs/26z_score_api.ipynb #08908314
+from .digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, ddpm_elbo_bpd
+_all_ = ['ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd']
+
+# %% ../../nbs/26z_score_api.ipynb #a4c481f6
+from .langevin import (
+    LangevinDivergedError, langevin, annealed_langevin, geometric_sigmas, component_weights,
+    energy_distance, sliced_wasserstein, sample_report, NCSNConfig, NCSN, train_ncsn, load_ncsn)
+_all_ = ['LangevinDivergedError', 'langevin', 'annealed_langevin', 'geometric_sigmas',
+         'component_weights', 'energy_distance', 'sliced_wasserstein', 'sample_report',
+         'NCSNConfig', 'NCSN', 'train_ncsn', 'load_ncsn']

@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ..core.basics import grad_enabled, cache_dir, get_device, save_checkpoint, seed_everything
+from ..core.basics import (
+    grad_enabled, cache_dir, get_device, save_checkpoint, seed_everything)
 from .matching import dsm_loss, sample_sigmas
 from .toys import GaussianMixture, check_sigma_range
 from .cache import cached_model_state

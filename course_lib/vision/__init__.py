@@ -5,50 +5,60 @@
 # %% auto #0
 __all__ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size', 'check_input_size', 'check_image_batch',
            'dataset_tensors', 'check_finetune_inputs', 'next_batch', 'default_cfgs', 'count_params', 'count_flops',
-           'course_resnet_32', 'course_vit_32', 'model_data_config', 'normalize_images', 'record_input_size', 'is_oom',
-           'cuda_sync', 'check_close', 'onnx_metadata', 'onnx_bytes', 'onnx_max_diff', 'save_model', 'checkpoint_info',
-           'classifier_prefixes', 'check_checkpoint', 'create_vision_model', 'load_finetuned', 'SOURCE_CLASSES',
-           'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task', 'FinetuneConfig',
-           'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'create_finetune_model', 'finetune_optimizer',
-           'train_steps', 'finetune', 'square_symmetries', 'label_augmented', 'upright_accuracy',
-           'pretrained_source_model', 'finetune_main', 'TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits',
-           'accuracy', 'images_per_second', 'choose_batch_size', 'bf16_supported', 'export_torchscript', 'export_onnx',
-           'onnx_session', 'quantize_int8', 'model_size_bytes']
+           'course_resnet_32', 'course_vit_32', 'model_data_config', 'normalize_images', 'record_input_size',
+           'save_model', 'checkpoint_info', 'classifier_prefixes', 'check_checkpoint', 'create_vision_model',
+           'load_finetuned', 'is_oom', 'cuda_sync', 'check_close', 'onnx_metadata', 'onnx_bytes', 'onnx_max_diff',
+           'TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy', 'images_per_second',
+           'choose_batch_size', 'bf16_supported', 'export_torchscript', 'export_onnx', 'onnx_session', 'quantize_int8',
+           'model_size_bytes', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task',
+           'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate',
+           'create_finetune_model', 'finetune_optimizer', 'train_steps', 'finetune', 'square_symmetries',
+           'label_augmented', 'upright_accuracy', 'pretrained_source_model']
 
-# %% ../../nbs/56z_vision_api.ipynb #c16d39b4
+# %% ../../nbs/56z_vision_api.ipynb #406760d3
 from .checks import (
     suggest_models, check_model_name, model_in_chans, model_fixed_size, check_input_size,
     check_image_batch, dataset_tensors, check_finetune_inputs, next_batch)
+_all_ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size',
+         'check_input_size', 'check_image_batch', 'dataset_tensors',
+         'check_finetune_inputs', 'next_batch']
+
+# %% ../../nbs/56z_vision_api.ipynb #8ababd65
 from .registry import (
     default_cfgs, count_params, count_flops, course_resnet_32, course_vit_32, model_data_config,
     normalize_images, record_input_size)
-from .export_checks import (
-    is_oom, cuda_sync, check_close, onnx_metadata, onnx_bytes, onnx_max_diff)
+_all_ = ['default_cfgs', 'count_params', 'count_flops', 'course_resnet_32', 'course_vit_32',
+         'model_data_config', 'normalize_images', 'record_input_size']
+
+# %% ../../nbs/56z_vision_api.ipynb #99995d3d
 from course_lib.vision.checkpoints import (
     save_model, checkpoint_info, classifier_prefixes, check_checkpoint, create_vision_model,
     load_finetuned)
-from course_lib.vision.transfer import (
-    SOURCE_CLASSES, TARGET_CLASSES, STRATEGIES, SYMMETRIES, digits_task, source_task, target_task,
-    FinetuneConfig, FinetuneResult, random_shift, layer_groups, evaluate, create_finetune_model,
-    finetune_optimizer, train_steps, finetune, square_symmetries, label_augmented, upright_accuracy,
-    pretrained_source_model)
-from .finetune import finetune_main
-from course_lib.vision.inference import (
-    TTA_MODES, tta_views, predict_logits, ensemble_logits, accuracy, images_per_second,
-    choose_batch_size, bf16_supported, export_torchscript, export_onnx, onnx_session, quantize_int8,
-    model_size_bytes)
+_all_ = ['save_model', 'checkpoint_info', 'classifier_prefixes', 'check_checkpoint',
+         'create_vision_model', 'load_finetuned']
 
-_all_ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size', 'check_input_size',
-         'check_image_batch', 'dataset_tensors', 'check_finetune_inputs', 'next_batch',
-         'default_cfgs', 'count_params', 'count_flops', 'course_resnet_32', 'course_vit_32',
-         'model_data_config', 'normalize_images', 'record_input_size', 'is_oom', 'cuda_sync',
-         'check_close', 'onnx_metadata', 'onnx_bytes', 'onnx_max_diff', 'save_model',
-         'checkpoint_info', 'classifier_prefixes', 'check_checkpoint', 'create_vision_model',
-         'load_finetuned', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES',
-         'digits_task', 'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult',
-         'random_shift', 'layer_groups', 'evaluate', 'create_finetune_model',
-         'finetune_optimizer', 'train_steps', 'finetune', 'square_symmetries',
-         'label_augmented', 'upright_accuracy', 'pretrained_source_model', 'finetune_main',
-         'TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy',
+# %% ../../nbs/56z_vision_api.ipynb #0b1d1368
+from .export_checks import (
+    is_oom, cuda_sync, check_close, onnx_metadata, onnx_bytes, onnx_max_diff)
+_all_ = ['is_oom', 'cuda_sync', 'check_close', 'onnx_metadata', 'onnx_bytes', 'onnx_max_diff']
+
+# %% ../../nbs/56z_vision_api.ipynb #138ccdeb
+from .inference import (
+    TTA_MODES, tta_views, predict_logits, ensemble_logits, accuracy, images_per_second,
+    choose_batch_size, bf16_supported, export_torchscript, export_onnx, onnx_session,
+    quantize_int8, model_size_bytes)
+_all_ = ['TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy',
          'images_per_second', 'choose_batch_size', 'bf16_supported', 'export_torchscript',
          'export_onnx', 'onnx_session', 'quantize_int8', 'model_size_bytes']
+
+# %% ../../nbs/56z_vision_api.ipynb #d125e48b
+from .transfer import (
+    SOURCE_CLASSES, TARGET_CLASSES, STRATEGIES, SYMMETRIES, digits_task, source_task,
+    target_task, FinetuneConfig, FinetuneResult, random_shift, layer_groups, evaluate,
+    create_finetune_model, finetune_optimizer, train_steps, finetune, square_symmetries,
+    label_augmented, upright_accuracy, pretrained_source_model)
+_all_ = ['SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task',
+         'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult', 'random_shift',
+         'layer_groups', 'evaluate', 'create_finetune_model', 'finetune_optimizer',
+         'train_steps', 'finetune', 'square_symmetries', 'label_augmented',
+         'upright_accuracy', 'pretrained_source_model']

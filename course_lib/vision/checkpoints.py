@@ -57,7 +57,8 @@ def checkpoint_info(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]]
     except Exception as e:
         raise ValueError(
             f"{path} is damaged or not a safetensors checkpoint ({why_unreadable(path, e)}): copy"
-            " it again if it was cut short, or save it again with course_lib.vision.checkpoints.save_model"
+            " it again if it was cut short, or save it again with"
+            " course_lib.vision.checkpoints.save_model"
             " (or safetensors.torch.save_file(model.state_dict(), path))"
         ) from None
     return shapes, meta

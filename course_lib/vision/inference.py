@@ -13,15 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core.basics import get_device, atomic_write
-
 from .registry import model_data_config, normalize_images
 
 # timing and export checks: library notebook 56_export_checks
 from .export_checks import (
     is_oom, cuda_sync, check_close, onnx_metadata, onnx_bytes, onnx_max_diff)
-
-# the whole unit's library is reachable from `course_lib.vision.inference`: these imported names are listed
-# in its `__all__` with the ones defined here
 
 # %% auto #0
 __all__ = ['TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy', 'images_per_second', 'choose_batch_size',

@@ -15,7 +15,8 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.resnet import ResNet, BasicBlock
 from timm.models.vision_transformer import VisionTransformer
 
-from .checks import model_in_chans, model_fixed_size, check_input_size, check_image_batch
+from .checks import (
+    model_in_chans, model_fixed_size, check_input_size, check_image_batch)
 
 # %% auto #0
 __all__ = ['default_cfgs', 'count_params', 'count_flops', 'course_resnet_32', 'course_vit_32', 'model_data_config',

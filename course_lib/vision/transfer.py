@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from ..core.cache import cache_lock
-from ..core.basics import restore_pretrained, grad_enabled, seed_everything, get_device, cache_dir
+from ..core.basics import (
+    restore_pretrained, grad_enabled, seed_everything, get_device, cache_dir)
 from ..data.images import Digits
 from .checks import check_finetune_inputs, dataset_tensors, next_batch
 from .checkpoints import save_model, create_vision_model, classifier_prefixes
