@@ -16,7 +16,7 @@
 2. The same data in several shards of equal size, read by `course pile stats --processes N` (in this process, so
    `pile_main` with the pool it starts): scaling, against one process reading them one after another; and, for
    reference, the machine's own scaling on the same shards (N processes decompressing into nothing).
-3. BPB evaluation tokens/s of `course_lib.pile.bpb.bpb` (windows batched) against one window at a time.
+3. BPB evaluation tokens/s of `course_lib.pile.bits_per_byte.bpb` (windows batched) against one window at a time.
 Ratios are against baselines measured in the same run. Nothing is downloaded."""
 import argparse, contextlib, multiprocessing, io, json, os, sys, sysconfig, tempfile, time
 from concurrent.futures import ProcessPoolExecutor

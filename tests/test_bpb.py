@@ -1,4 +1,4 @@
-"""course_lib.pile.bpb: bits per byte against lm-evaluation-harness run on the same local model directory and documents,
+"""course_lib.pile.bits_per_byte: bits per byte against lm-evaluation-harness run on the same local model directory and documents,
 rolling/strided windows, compressors, the data-parallel evaluation (2 CPU processes) and `course bpb`."""
 import bz2, gzip, json, lzma, math, os, re, subprocess, sys, textwrap
 

@@ -1,4 +1,4 @@
-"""`course bpb` and `course_lib.pile.bpb` on inputs off the lesson's path (issue 17, kind 2): nothing to
+"""`course bpb` and `course_lib.pile.bits_per_byte` on inputs off the lesson's path (issue 17, kind 2): nothing to
 score, a subset with no bytes, a truncated file after the documents asked for, a window longer than
 the model's context, bad lines with `--errors skip`, subset names that are not strings, and a folder
 with nothing to read."""

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def course(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.course import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env or os.environ.copy(), cwd=cwd or ROOT, timeout=600)
 
 

@@ -19,7 +19,7 @@ from course_lib.cli import PLUGINS, main
 from course_lib.pile import write_jsonl_zst
 
 ROOT = Path(__file__).resolve().parent.parent
-COURSE = [sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())"]
+COURSE = [sys.executable, "-c", "import sys; from course_lib.cli.course import main; sys.exit(main())"]
 DOCS = [{"text": f"document {i} " * (i + 1), "meta": {"pile_set_name": ["Pile-CC", "Github"][i % 2]}}
         for i in range(7)]
 
@@ -65,11 +65,11 @@ def data(tmp_path_factory):
 # ---------------------------------------------------------------- help and version
 
 def test_help_lists_every_command_and_version():
-    "`course --help`, `course --version`, `python -m course_lib.cli.main --version`, `course CMD --help` of each plugin."
+    "`course --help`, `course --version`, `python -m course_lib.cli.course --version`, `course CMD --help` of each plugin."
     r = course("--help")
     for cmd in ["list", "run", "doctor", "freeze", "readme", *PLUGINS]: assert f"  {cmd} " in r.stdout, cmd
     assert course("--version").stdout.strip() == f"course_lib {course_lib.__version__}"
-    r = subprocess.run([sys.executable, "-m", "course_lib.cli.main", "--version"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli.course", "--version"], capture_output=True, text=True)
     assert r.stdout.strip() == f"course_lib {course_lib.__version__}", r     # it used to print nothing
     for cmd in PLUGINS:       # one process: each plugin's own parser prints its usage (argparse exits 0)
         assert main([cmd, "--help"]) == 0, cmd

@@ -11,7 +11,7 @@ from course_lib.course import load_units
 from course_lib.course import ScaffoldError, check_new, register_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
-COURSE = [sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())"]
+COURSE = [sys.executable, "-c", "import sys; from course_lib.cli.course import main; sys.exit(main())"]
 
 
 def scratch_project(dest: Path, units=("00_start",)) -> Path:

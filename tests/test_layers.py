@@ -134,7 +134,7 @@ def layer_problems(graph: dict[str, set[str]], layers: list[str] = LAYERS) -> li
 
 def test_course_lib_imports_run_one_way():
     graph = import_graph()
-    assert len(graph) > 50 and graph["cli.main"] >= {"course.units", "course.run_records"}, graph.get("cli.main")
+    assert len(graph) > 50 and graph["cli.course"] >= {"course.units", "course.run_records"}, graph.get("cli.course")
     found = cycles(graph)
     assert not found, ("modules of course_lib import each other: "
                        + "; ".join(" -> ".join(c) for c in found))
@@ -182,3 +182,16 @@ def test_a_made_up_cycle_and_a_downward_import_are_found(tmp_path):
         "data.side imports its own subpackage's __init__ (data), which imports it"], layer_problems(graph)
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}}) == [["a", "b", "a"],
                                                                                      ["c", "d", "e", "c"]]
+
+
+def test_no_public_name_hides_a_module():
+    """A subpackage's `__init__` must not export a name that is also one of its modules: `course_lib.score.langevin`
+    was the function `langevin`, so `import course_lib.score.langevin as m` gave a function and
+    `monkeypatch.setattr(course_lib.score.langevin, ...)` patched nothing the trainer reads."""
+    import importlib, pkgutil
+    found = []
+    for pkg in LAYERS:
+        m = importlib.import_module(f"course_lib.{pkg}")
+        found += [f"course_lib.{pkg}.{s.name}" for s in pkgutil.iter_modules(m.__path__)
+                  if s.name in getattr(m, "__all__", ())]
+    assert not found, f"public names that hide the module of the same name: {found}"

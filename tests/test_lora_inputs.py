@@ -157,7 +157,7 @@ def test_course_lora_generate_takes_any_legal_file_name(tmp_path):
     a = save_adapter(base, tmp_path / "a" / "style.v2.safetensors", "concept")
     b = save_adapter(base, tmp_path / "b" / "style.v2.safetensors", "concept")
     out = tmp_path / "grid.png"
-    r = subprocess.run([sys.executable, "-m", "course_lib.cli.main", "lora", "generate", "a photo of a 3", str(out),
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli.course", "lora", "generate", "a photo of a 3", str(out),
                         "--adapter", str(a), "--adapter", f"{b}=0.5", "--n", "2", "--steps", "2",
                         "--base-steps", "2"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert r.returncode == 0, r.stderr[-2000:]
@@ -191,7 +191,7 @@ def test_course_lora_generate_on_another_base_names_the_flag(tmp_path):
     base = load_base(base_config(2), progress=False)
     add_lora(base, 2, adapter_name="concept")
     a = save_adapter(base, tmp_path / "a.safetensors", "concept")
-    r = subprocess.run([sys.executable, "-m", "course_lib.cli.main", "lora", "generate", "a photo of a 3",
+    r = subprocess.run([sys.executable, "-m", "course_lib.cli.course", "lora", "generate", "a photo of a 3",
                         str(tmp_path / "g.png"), "--adapter", str(a), "--n", "1", "--steps", "2",
                         "--base-steps", "3"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert r.returncode == 2 and "pass the --base-steps the adapter was trained with" in r.stderr, r.stderr

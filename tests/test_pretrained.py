@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import course_lib.ddpm.classifier, course_lib.ddpm.training, course_lib.score.langevin, course_lib.pile.lm, course_lib.vision.transfer
+import course_lib.ddpm.classifier, course_lib.ddpm.training, course_lib.score.ncsn, course_lib.pile.lm, course_lib.vision.transfer
 import course_lib.ddpm.schedulers, course_lib.lora.train   # imported before a test patches a trainer (they bind its names)
 import course_lib.flux.flow, course_lib.flux.mini, course_lib.flux.flow_training, course_lib.flux.train
 from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
@@ -49,7 +49,7 @@ def empty_cache(tmp_path, monkeypatch):
     def no_training(*a, **kw): raise AssertionError("trained instead of loading the shipped model")
     for mod, name in [(course_lib.ddpm.training, "train_ddpm"), (course_lib.ddpm.classifier, "train_digits_classifier"),
                       (course_lib.vision.transfer, "finetune"), (course_lib.pile.lm, "train_tiny_gpt2"),
-                      (course_lib.score.langevin, "train_ncsn"), (course_lib.flux.flow_training, "train_flow"),
+                      (course_lib.score.ncsn, "train_ncsn"), (course_lib.flux.flow_training, "train_flow"),
                       (course_lib.flux.train, "train_flux_mini")]:
         monkeypatch.setattr(mod, name, no_training)
     return tmp_path / "home"

@@ -17,7 +17,7 @@ LESSONS = [u for u in load_units(ROOT) if not u.is_library]
 
 
 def course(*args, env=None):
-    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.course import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env or os.environ.copy(), cwd=ROOT, timeout=600)
 
 

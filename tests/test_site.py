@@ -48,7 +48,7 @@ def site(tmp_path_factory):
             # unit 0 executed (its lesson with figures and a measured time); the library's notebooks, which
             # tests/test_notebooks.py runs, shown without outputs (--no-execute) to keep the build short
             env = dict(os.environ, COURSE_LIB_ROOT=str(ROOT))
-            run = [sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())",
+            run = [sys.executable, "-c", "import sys; from course_lib.cli.course import main; sys.exit(main())",
                    "run", "start", "--profile", "quick", "--out", str(executed)]
             r = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
             if r.returncode == 0:

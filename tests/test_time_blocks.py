@@ -99,7 +99,7 @@ def test_typed_paragraph_is_replaced_and_its_untimed_prose_kept(tmp_path):
 
 
 def course(*args, env):
-    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.main import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from course_lib.cli.course import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 

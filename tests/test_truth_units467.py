@@ -104,7 +104,7 @@ def test_find_unit_takes_a_unit_folder_path(key):
 
 
 def test_course_run_takes_a_unit_folder_and_names_its_output_after_the_unit(monkeypatch):
-    import course_lib.cli.main as cli
+    import course_lib.cli.course as cli
     seen = {}
     def fake_run_units(chosen, profile, out, timeout, notebooks=None):
         seen.update(units=[u.name for u in chosen], out=out)

@@ -19,7 +19,7 @@ from course_lib.vision import (
     layer_groups, random_shift, tta_views, predict_logits, ensemble_logits, accuracy,
     choose_batch_size, export_onnx, export_torchscript, quantize_int8, model_size_bytes,
     evaluate, square_symmetries, label_augmented)
-from course_lib.vision.finetune import _folder_dataset
+from course_lib.vision.folder_data import _folder_dataset
 from course_lib.cli.finetune import finetune_main
 
 

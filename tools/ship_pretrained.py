@@ -126,7 +126,7 @@ TRAINERS = {"classifier": ("course_lib.ddpm.classifier", "train_digits_classifie
             "ddpm": ("course_lib.ddpm.training", "train_ddpm"), "base": ("course_lib.ddpm.training", "train_ddpm"),
             "ddpm-quick": ("course_lib.ddpm.training", "train_ddpm"),
             "base-quick": ("course_lib.ddpm.training", "train_ddpm"), "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"),
-            "ncsn": ("course_lib.score.langevin", "train_ncsn"), "flow-quick": ("course_lib.flux.flow_training", "train_flow"),
+            "ncsn": ("course_lib.score.ncsn", "train_ncsn"), "flow-quick": ("course_lib.flux.flow_training", "train_flow"),
             "flux-quick": ("course_lib.flux.train", "train_flux_mini")}
 
 

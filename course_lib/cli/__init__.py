@@ -47,7 +47,7 @@ from .readme import README_HEAD, write_readme
 _all_ = ['README_HEAD', 'write_readme']
 
 # %% ../../nbs/90z_cli_api.ipynb #fd8b1157
-from .main import PLUGINS, USER_ERRORS, run_plugin, build_parser, list_units, main
+from .course import PLUGINS, USER_ERRORS, run_plugin, build_parser, list_units, main
 _all_ = ['PLUGINS', 'USER_ERRORS', 'run_plugin', 'build_parser', 'list_units', 'main']
 
 # %% ../../nbs/90z_cli_api.ipynb #7c0dddf0

@@ -14,7 +14,7 @@ from ..core.basics import atomic_write
 from ..vision.checks import check_model_name
 from ..vision.checkpoints import checkpoint_info, save_model
 from ..vision.transfer import STRATEGIES, FinetuneConfig, FinetuneResult, finetune
-from ..vision.finetune import _add_held_out, _folder_dataset
+from ..vision.folder_data import _add_held_out, _folder_dataset
 
 # %% auto #0
 __all__ = ['finetune_main']

@@ -33,7 +33,7 @@ _all_ = ['PILE_TABLE1', 'PILE_SUBSETS', 'PILE_RAW_GIB', 'PILE_EFFECTIVE_GIB', 'M
          'count_subsets', 'merge_counts', 'composition_table', 'split_of']
 
 # %% ../../nbs/69z_pile_api.ipynb #82d38ebb
-from course_lib.pile.bpb import (
+from course_lib.pile.bits_per_byte import (
     LN2, n_bytes, BPBResult, rolling_windows, BPBReport, prefix_token_id, model_window,
     score_windows, bpb)
 _all_ = ['LN2', 'n_bytes', 'BPBResult', 'rolling_windows', 'BPBReport', 'prefix_token_id',

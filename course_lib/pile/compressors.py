@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 import zstandard
 
-from .bpb import LN2, BPBResult, n_bytes
+from .bits_per_byte import LN2, BPBResult, n_bytes
 from .format import pile_set_name
 
 # %% auto #0

@@ -115,7 +115,7 @@ def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), acce
     from accelerate import Accelerator
     from tqdm.auto import tqdm
     from transformers import GPT2Config, GPT2LMHeadModel
-    from course_lib.pile.bpb import bpb
+    from course_lib.pile.bits_per_byte import bpb
     g = seed_everything(cfg.seed)
     tok = train_bpe_tokenizer(texts, cfg.vocab_size)
     data = token_blocks(tok, texts, cfg.n_positions)                               # (N, T + 1)

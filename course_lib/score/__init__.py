@@ -54,7 +54,7 @@ from .digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, ddpm_elbo_bp
 _all_ = ['ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd']
 
 # %% ../../nbs/26z_score_api.ipynb #a4c481f6
-from .langevin import (
+from .ncsn import (
     LangevinDivergedError, langevin, annealed_langevin, geometric_sigmas, component_weights,
     energy_distance, sliced_wasserstein, sample_report, NCSNConfig, NCSN, train_ncsn, load_ncsn)
 _all_ = ['LangevinDivergedError', 'langevin', 'annealed_langevin', 'geometric_sigmas',

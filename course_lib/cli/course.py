@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 # %% ../../nbs/90_cli.ipynb #b8450727
-# `python -m course_lib.cli.main ARGS` works like `course ARGS`
+# `python -m course_lib.cli.course ARGS` works like `course ARGS`
 # (running this notebook does not start it)
 if __name__ == "__main__" and \
-        getattr(globals().get("__spec__"), "name", "") == "course_lib.cli.main":
+        getattr(globals().get("__spec__"), "name", "") == "course_lib.cli.course":
     sys.exit(main())
