@@ -127,8 +127,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.basics import (
-    cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint)
-from ..core.basics import restore_pretrained
+    cache_dir, get_device, grad_enabled, load_checkpoint, restore_pretrained, save_checkpoint)
 from ..data.images import Digits
 
 # %% ../../nbs/15_training_runs.ipynb #6dbf4bb6

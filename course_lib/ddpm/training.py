@@ -139,8 +139,7 @@ import torch.nn.functional as F
 from torch import nn
 from ..core.cache import resume_changes, set_hyperparams
 from ..core.basics import (
-    cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint)
-from ..core.basics import patch_to
+    cache_dir, get_device, grad_enabled, load_checkpoint, patch_to, save_checkpoint)
 from ..data.images import Digits, to_float
 from .schedule import diffusion_target
 
