@@ -240,6 +240,8 @@ def small_project(tmp: Path) -> Path:
     (tmp / "templates" / "notebook.ipynb").write_bytes((ROOT / "templates" / "notebook.ipynb").read_bytes())
     (tmp / "nbs" / "03_getting_started.ipynb").write_text("{}")
     (tmp / "course_lib" / "core.py").write_text("")
+    (tmp / "course_lib" / "course").mkdir()             # the subpackage `course new --module course.x` exports into
+    (tmp / "course_lib" / "course" / "__init__.py").write_text("")
     (tmp / "units" / "00_start" / "unit.toml").write_text('[unit]\nnotebooks = ["03_getting_started.ipynb"]\n')
     return tmp
 
@@ -248,11 +250,11 @@ def test_new_and_readme(tmp_path):
     "new NOTEBOOK --unit --title --module --no-export; readme."
     proj = small_project(tmp_path / "proj")
     env = {"COURSE_LIB_ROOT": str(proj)}
-    r = course("new", "04_my_lesson", "--unit", "0", "--title", "A lesson", "--module", "mine", "--no-export",
+    r = course("new", "04_my_lesson", "--unit", "0", "--title", "A lesson", "--module", "course.mine", "--no-export",
                env=env)
-    assert "exports course_lib/mine.py" in r.stdout and not (proj / "course_lib" / "mine.py").exists()
+    assert "exports course_lib/course/mine.py" in r.stdout and not (proj / "course_lib" / "course" / "mine.py").exists()
     nb = nbformat.read(proj / "nbs" / "04_my_lesson.ipynb", as_version=4)
-    assert nb.cells[0].source.startswith("# A lesson") and any("#| default_exp mine" in c.source for c in nb.cells)
+    assert nb.cells[0].source.startswith("# A lesson") and any("#| default_exp course.mine" in c.source for c in nb.cells)
     assert "04_my_lesson.ipynb" in (proj / "units" / "00_start" / "unit.toml").read_text()
     index = nbformat.v4.new_notebook()
     index.cells = [nbformat.v4.new_markdown_cell("# My course\n\nSome words."), nbformat.v4.new_code_cell("!course list")]
