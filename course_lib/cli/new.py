@@ -46,7 +46,8 @@ def new_main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"course new: {e}", file=sys.stderr)
         return 2
-    print(f"created nbs/{dest.name} (exports course_lib/{module.replace('.', '/')}.py) and listed it in "
+    path = module.replace(".", "/")
+    print(f"created nbs/{dest.name} (exports course_lib/{path}.py) and listed it in "
           f"units/{unit.name}/unit.toml")
     if not a.no_export:
         r = export_notebook(root, dest)
