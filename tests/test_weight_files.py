@@ -227,7 +227,7 @@ def test_cached_flux_mini_pipeline_names_the_damaged_file(flux_folder, tmp_path,
 
 def test_lora_generate_checks_the_adapter_files_before_the_base_loads(tmp_path, capsys, monkeypatch):
     "`course lora generate --adapter A`: a web page or an empty file is named before minutes of base loading."
-    import course_lib.lora.run as lc
+    import course_lib.cli.lora as lc
     def no_base(*a, **k): raise AssertionError("the base model loaded before the adapter files were checked")
     monkeypatch.setattr(lc, "load_base", no_base)
     w = html(tmp_path / "web.safetensors")

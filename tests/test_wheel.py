@@ -47,7 +47,7 @@ def site(tmp_path_factory) -> Path:
     site = tmp / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
                     "--target", str(site), str(build_wheel(tmp))], check=True, capture_output=True)
-    assert (site / "course_lib" / "core.py").is_file() and not (site / "units").exists()
+    assert (site / "course_lib" / "core" / "basics.py").is_file() and not (site / "units").exists()
     return site
 
 

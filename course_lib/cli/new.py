@@ -54,7 +54,7 @@ def new_main(argv: list[str] | None = None) -> int:
         if r.returncode:
             print(f"course new: nbdev_export failed:\n{r.stderr[-2000:]}", file=sys.stderr)
             return 1
-        print(f"exported course_lib/{module}.py")
+        print(f"exported course_lib/{path}.py")
     print(f"next: edit it in Jupyter, then `nbdev_prepare`, `course freeze nbs/{dest.name}` if a "
           f"checked output changed, and `python -m pytest tests -n 2 -q -k {stem}`")
     return 0
