@@ -178,3 +178,18 @@ def test_keep_checked_outputs_strips_images():
     assert [o.output_type for o in nb.cells[0].outputs] == ["stream", "display_data"]
     assert set(nb.cells[0].outputs[1].data) == {"text/plain"}
     assert nb.cells[1].outputs == []
+
+
+def test_the_course_command_loads_only_what_its_subcommand_needs():
+    """`course` imports `course_lib.cli` at every call; its names load on first use, so `course --help` and `course
+    doctor` do not import Gradio, diffusers, torch-fidelity or datatrove (which cost seconds a call), and each public
+    name still resolves to the function of its module."""
+    import subprocess, sys
+    code = ("import sys, course_lib.cli.course\n"
+            "heavy = [m for m in ('gradio', 'diffusers', 'torch_fidelity', 'datatrove', 'timm') if m in sys.modules]\n"
+            "assert not heavy, heavy\n"
+            "import course_lib.cli as cli\n"
+            "for n in cli.__all__: assert getattr(cli, n) is getattr(sys.modules[getattr(cli, n).__module__ if callable("
+            "getattr(cli, n)) else 'course_lib.cli.' + cli._LAZY[n]], n), n\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

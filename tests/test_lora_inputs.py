@@ -117,7 +117,7 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict):
 
 def test_non_string_metadata_is_named(tmp_path):
     p = write_safetensors(tmp_path / "x.safetensors", {"a.lora_A.weight": torch.zeros(4, 8)},
-                          {"format": "course_lib.lora.layers/1", "rank": 4})
+                          {"format": "course_lib.lora/1", "rank": 4})
     with pytest.raises(ValueError, match=r"metadata 'rank' is a int \(4\).*strings to strings"):
         read_adapter(p)
 
@@ -128,7 +128,7 @@ def test_other_tools_files_are_recognised(tmp_path):
         {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": torch.zeros(4, 8),
          "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": torch.zeros(8, 4)},
         {"ss_network_dim": "4", "ss_network_alpha": "1.0"})
-    with pytest.raises(ValueError, match=r"kohya-ss \(sd-scripts\) LoRA.*ss_network_dim.*course_lib.lora.layers/1"):
+    with pytest.raises(ValueError, match=r"kohya-ss \(sd-scripts\) LoRA.*ss_network_dim.*course_lib.lora/1"):
         load_adapter(tiny_unet(), kohya)
     diffusers = write_safetensors(tmp_path / "d.safetensors",
                                   {"unet.mid_block.attentions.0.to_q.lora_A.weight": torch.zeros(4, 8)}, {})
@@ -196,3 +196,15 @@ def test_course_lora_generate_on_another_base_names_the_flag(tmp_path):
                         "--base-steps", "3"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert r.returncode == 2 and "pass the --base-steps the adapter was trained with" in r.stderr, r.stderr
     assert "check_base" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_file_formats_keep_their_names_when_modules_move():
+    """The format names written into users' files (adapters, presets) are part of those files, not module paths:
+    the subpackage layout renamed `course_lib.lora` to `course_lib.lora.layers` and, with a text replace, the
+    adapter format too, so every adapter and preset saved before could no longer be read."""
+    from course_lib.lora.files import ADAPTER_FORMAT
+    from course_lib.lora.run import LORA_PRESET_FORMAT
+    from course_lib.flux.lora_train import PRESET_FORMAT
+    from course_lib.studio.store import STUDIO_PRESET
+    assert (ADAPTER_FORMAT, LORA_PRESET_FORMAT, PRESET_FORMAT, STUDIO_PRESET) == (
+        "course_lib.lora/1", "course_lib.lora.preset/1", "course_lib.flux_lora.preset/1", "course_lib.studio.preset/1")

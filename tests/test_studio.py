@@ -37,6 +37,15 @@ def st(tmp_path_factory, digits):
     return s
 
 
+def _finish_u1(st):
+    """Run `u1` to its end when this worker's studio still holds it paused: under `pytest -n 2` the tests of this
+    module may be shared between two workers, each with its own `st`, so a test that needs `u1` trained cannot rely
+    on `test_pause_resume_continue_with_previews` having run before it on the same worker."""
+    if st.run_info("u1")["state"] == "paused":
+        st.resume("u1")
+        st.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -278,6 +287,7 @@ def test_presets_refuse_unknown_keys_and_other_sizes(st, tmp_path):
 
 
 def test_compare_export_generate(st):
+    _finish_u1(st)
     rows, fig = st.compare(["u1", "f1"], rates=False)
     assert [r["run"] for r in rows] == ["u1", "f1"] and len(fig.axes) == 3     # curves + two previews
     rate = st.concept_rate("f1")
@@ -313,6 +323,7 @@ def test_unet_generate_with_guidance_against_a_negative_prompt(st):
     """The unit 4 UNet's guidance: eps(negative) + w (eps(prompt) - eps(negative)) (Ho & Salimans 2022), the
     negative prompt's class standing in for the null class the base was trained without. Checked against a
     model that makes the two network calls apart and combines them by hand."""
+    _finish_u1(st)
     from types import SimpleNamespace
     from torch import nn
     from course_lib.lora import encode_prompt, generate as unet_generate

@@ -328,16 +328,16 @@ class _ToyUNet(torch.nn.Module):
 
 
 def test_guidance_settings_without_effect_are_named():
-    from course_lib.flux.guidance import _warn_no_effect
+    from course_lib.flux.checks import warn_no_effect
     from course_lib.flux import GuidedUNet
     with pytest.warns(UserWarning, match=r"negative=3 has no effect at guidance_scale=1"):
-        _warn_no_effect(1.0, [1], 3)
+        warn_no_effect(1.0, [1], 3)
     with pytest.warns(UserWarning, match=r"guidance_scale=3.0 has no effect without a prompt"):
-        _warn_no_effect(3.0, None, None)
+        warn_no_effect(3.0, None, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_no_effect(3.0, [1], 3)
-        _warn_no_effect(1.0, None, None)
+        warn_no_effect(3.0, [1], 3)
+        warn_no_effect(1.0, None, None)
     x, y = torch.zeros(1, 1, 8, 8), torch.tensor([1])     # the warnings are true: at w = 1 the
     out = GuidedUNet(_ToyUNet(), 1.0, negative=3)(x, 0, y).sample   # negative changes nothing
     assert torch.allclose(out, _ToyUNet()(x, 0, y).sample)

@@ -9,55 +9,42 @@ __all__ = ['DICT_EXIT', 'pile_main', 'bpb_main', 'DOCTOR_PACKAGES', 'doctor_repo
            'README_HEAD', 'write_readme', 'PLUGINS', 'USER_ERRORS', 'run_plugin', 'build_parser', 'list_units', 'main',
            'new_main', 'site_main', 'studio_main']
 
-# %% ../../nbs/90z_cli_api.ipynb #019386e7
-from .pile import DICT_EXIT, pile_main
-_all_ = ['DICT_EXIT', 'pile_main']
+# %% ../../nbs/90z_cli_api.ipynb #2faf9158
+import importlib
 
-# %% ../../nbs/90z_cli_api.ipynb #dc0a4696
-from .bpb import bpb_main
-_all_ = ['bpb_main']
+# every public name and the module of `course_lib.cli` that defines it (notebooks `90*_cli_*`
+# and `35_fid_command`); importing the subpackage, which `course` does first, loads none of them
+_LAZY = {
+    "DICT_EXIT": "pile", "pile_main": "pile", "bpb_main": "bpb", "DOCTOR_PACKAGES": "doctor",
+    "doctor_report": "doctor", "bf16_support": "doctor", "version_warnings": "doctor",
+    "print_doctor_report": "doctor", "fid_main": "fid", "finetune_main": "finetune",
+    "CHECK_MARKER": "freeze", "TEXT_MIMES": "freeze", "UNSTABLE_OUTPUTS": "freeze",
+    "is_checked": "freeze", "keep_checked_outputs": "freeze", "UnstableOutput": "freeze",
+    "unstable_outputs": "freeze", "freeze_notebook": "freeze", "lora_main": "lora",
+    "README_HEAD": "readme", "write_readme": "readme", "PLUGINS": "course",
+    "USER_ERRORS": "course", "run_plugin": "course", "build_parser": "course",
+    "list_units": "course", "main": "course", "new_main": "new", "site_main": "site",
+    "studio_main": "studio",
+}
+_all_ = ['DICT_EXIT', 'pile_main', 'bpb_main', 'DOCTOR_PACKAGES', 'doctor_report', 'bf16_support',
+         'version_warnings', 'print_doctor_report', 'fid_main', 'finetune_main', 'CHECK_MARKER',
+         'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'is_checked', 'keep_checked_outputs', 'UnstableOutput',
+         'unstable_outputs', 'freeze_notebook', 'lora_main', 'README_HEAD', 'write_readme',
+         'PLUGINS', 'USER_ERRORS', 'run_plugin', 'build_parser', 'list_units', 'main', 'new_main',
+         'site_main', 'studio_main']
 
-# %% ../../nbs/90z_cli_api.ipynb #e658f1ea
-from .doctor import (
-    DOCTOR_PACKAGES, doctor_report, bf16_support, version_warnings, print_doctor_report)
-_all_ = ['DOCTOR_PACKAGES', 'doctor_report', 'bf16_support', 'version_warnings',
-         'print_doctor_report']
 
-# %% ../../nbs/90z_cli_api.ipynb #fbe00e44
-from .fid import fid_main
-_all_ = ['fid_main']
+def __getattr__(name: str):
+    """PEP 562: the first use of a public name imports the one module that defines it, so
+    `course doctor` does not load Gradio, diffusers and torch-fidelity. Raises `AttributeError`
+    for any other name."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'course_lib.cli' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"course_lib.cli.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
 
-# %% ../../nbs/90z_cli_api.ipynb #e04c40ab
-from .finetune import finetune_main
-_all_ = ['finetune_main']
 
-# %% ../../nbs/90z_cli_api.ipynb #2793a7b6
-from .freeze import (
-    CHECK_MARKER, TEXT_MIMES, UNSTABLE_OUTPUTS, is_checked, keep_checked_outputs,
-    UnstableOutput, unstable_outputs, freeze_notebook)
-_all_ = ['CHECK_MARKER', 'TEXT_MIMES', 'UNSTABLE_OUTPUTS', 'is_checked', 'keep_checked_outputs',
-         'UnstableOutput', 'unstable_outputs', 'freeze_notebook']
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
-# %% ../../nbs/90z_cli_api.ipynb #4880bad8
-from .lora import lora_main
-_all_ = ['lora_main']
-
-# %% ../../nbs/90z_cli_api.ipynb #30239e60
-from .readme import README_HEAD, write_readme
-_all_ = ['README_HEAD', 'write_readme']
-
-# %% ../../nbs/90z_cli_api.ipynb #fd8b1157
-from .course import PLUGINS, USER_ERRORS, run_plugin, build_parser, list_units, main
-_all_ = ['PLUGINS', 'USER_ERRORS', 'run_plugin', 'build_parser', 'list_units', 'main']
-
-# %% ../../nbs/90z_cli_api.ipynb #7c0dddf0
-from .new import new_main
-_all_ = ['new_main']
-
-# %% ../../nbs/90z_cli_api.ipynb #5fbe3d0a
-from .site import site_main
-_all_ = ['site_main']
-
-# %% ../../nbs/90z_cli_api.ipynb #4febc977
-from .studio import studio_main
-_all_ = ['studio_main']

@@ -5,22 +5,30 @@
 # %% auto #0
 __all__ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_timesteps', 'check_prediction_type',
            'check_ddpm_config', 'check_num_steps', 'check_batch_size', 'check_class_labels', 'step_options',
-           'CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy', 'judge_samples',
-           'ClassifierConfig', 'train_digits_classifier', 'load_digits_classifier', 'BETA_SCHEDULES', 'make_betas',
-           'NoiseSchedule', 'diffusion_target', 'diffusion_loss', 'SPACINGS', 'timestep_grid', 'StepOutput',
-           'AncestralSampler', 'randn_on', 'sample', 'DDPMConfig', 'make_unet', 'ema_update', 'default_dataset',
-           'lr_lambda', 'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm',
+           'check_choice', 'check_time_batch', 'check_group_channels', 'check_attention_channels', 'check_unet_sizes',
+           'check_unet_input', 'check_digit_images', 'check_judge_batch', 'check_num_images', 'check_on_grid',
+           'check_finite_samples', 'CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy',
+           'judge_samples', 'ClassifierConfig', 'train_digits_classifier', 'load_digits_classifier', 'BETA_SCHEDULES',
+           'make_betas', 'NoiseSchedule', 'diffusion_target', 'diffusion_loss', 'SPACINGS', 'timestep_grid',
+           'StepOutput', 'AncestralSampler', 'randn_on', 'sample', 'DDPMConfig', 'make_unet', 'ema_update',
+           'default_dataset', 'lr_lambda', 'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm',
            'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds', 'SAMPLERS', 'diffusers_scheduler',
            'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table', 'timestep_embedding',
-           'ResBlock', 'SelfAttention', 'check_unet_sizes', 'UNetOutput', 'TinyUNet']
+           'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #4b5697e4
 from .checks import (
     PREDICTION_TYPES, MIXED_PRECISION, check_beta_range, check_timesteps, check_prediction_type,
-    check_ddpm_config, check_num_steps, check_batch_size, check_class_labels, step_options)
+    check_ddpm_config, check_num_steps, check_batch_size, check_class_labels, step_options,
+    check_choice, check_time_batch, check_group_channels, check_attention_channels,
+    check_unet_sizes, check_unet_input, check_digit_images, check_judge_batch, check_num_images,
+    check_on_grid, check_finite_samples)
 _all_ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_timesteps',
          'check_prediction_type', 'check_ddpm_config', 'check_num_steps',
-         'check_batch_size', 'check_class_labels', 'step_options']
+         'check_batch_size', 'check_class_labels', 'step_options', 'check_choice',
+         'check_time_batch', 'check_group_channels', 'check_attention_channels',
+         'check_unet_sizes', 'check_unet_input', 'check_digit_images', 'check_judge_batch',
+         'check_num_images', 'check_on_grid', 'check_finite_samples']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #86d40d48
 from .classifier import (
@@ -50,14 +58,13 @@ _all_ = ['DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda'
          'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #92b107e4
-from course_lib.ddpm.schedulers import (
-    SAMPLERS, diffusers_scheduler, ExactGrid, DDIMVarianceFix, make_scheduler, sampler_table,
-    format_table)
+from .schedulers import (
+    SAMPLERS, diffusers_scheduler, ExactGrid, DDIMVarianceFix, make_scheduler,
+    sampler_table, format_table)
 _all_ = ['SAMPLERS', 'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix', 'make_scheduler',
          'sampler_table', 'format_table']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #6775add7
 from .unet import (
-    timestep_embedding, ResBlock, SelfAttention, check_unet_sizes, UNetOutput, TinyUNet)
-_all_ = ['timestep_embedding', 'ResBlock', 'SelfAttention', 'check_unet_sizes', 'UNetOutput',
-         'TinyUNet']
+    timestep_embedding, ResBlock, SelfAttention, UNetOutput, TinyUNet)
+_all_ = ['timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet']

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data.images import Digits, to_float
+from .checks import check_digit_images, check_judge_batch
 
 # %% auto #0
 __all__ = ['CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy', 'judge_samples', 'ClassifierConfig', 'train_digits_classifier', 'load_digits_classifier']
@@ -44,9 +45,7 @@ class DigitsClassifier(nn.Module):
     @staticmethod
     def prepare(x: torch.Tensor) -> torch.Tensor:
         "Check `(B, 1, H, W)`, convert uint8 to [-1, 1] floats and resize to 16x16."
-        if x.ndim != 4 or x.shape[1] != 1 or x.shape[-1] != x.shape[-2]:
-            raise ValueError(f"DigitsClassifier expects (B, 1, H, W) square grey images, got shape "
-                             f"{tuple(x.shape)}")
+        check_digit_images(x)
         if x.dtype == torch.uint8: x = to_float(x)
         x = x.float()
         if x.shape[-1] != CLASSIFIER_SIZE:
@@ -105,9 +104,7 @@ def judge_samples(x: torch.Tensor, classifier: DigitsClassifier | None = None,
     fractions (share of samples predicted as each digit), 'n': B}`. `classifier` defaults to
     `load_digits_classifier()` (cached per process).
     Raises `ValueError` for an empty batch or a wrong shape."""
-    if x.ndim != 4 or len(x) == 0:
-        raise ValueError(f"judge_samples expects a non-empty (B, 1, H, W) batch, got shape "
-                         f"{tuple(x.shape)}")
+    check_judge_batch(x)
     if classifier is None:
         classifier = _JUDGE.get("cpu") or _JUDGE.setdefault("cpu", load_digits_classifier("cpu"))
     classifier.eval()

@@ -14,7 +14,8 @@ from tqdm.auto import tqdm
 
 from ..data.images import to_uint8
 from .checks import (
-    check_batch_size, check_class_labels, check_num_steps, check_prediction_type, step_options)
+    check_batch_size, check_choice, check_class_labels, check_finite_samples, check_num_images,
+    check_num_steps, check_on_grid, check_prediction_type, step_options)
 from .schedule import NoiseSchedule
 from ..core.basics import patch_to
 
@@ -34,10 +35,10 @@ def timestep_grid(num_train_timesteps: int, num_inference_steps: int,
     T = num_train_timesteps
     n = check_num_steps(num_inference_steps, T)
     k = np.arange(n)
+    check_choice(spacing, SPACINGS, "timestep_spacing")
     if spacing == "leading": ts = k * (T // n)
     elif spacing == "trailing": ts = np.round(T - k * (T / n)) - 1
-    elif spacing == "linspace": ts = np.linspace(0, T - 1, n).round()
-    else: raise ValueError(f"unknown timestep_spacing {spacing!r}; choose one of {list(SPACINGS)}")
+    else: ts = np.linspace(0, T - 1, n).round()
     return np.sort(ts.astype(np.int64))[::-1].copy()
 
 # %% ../../nbs/13_sampling.ipynb #80e6cc66
@@ -64,11 +65,8 @@ class AncestralSampler:
                  clip_sample: bool = True, clip_sample_range: float = 1.0,
                  timestep_spacing: str = "leading"):
         self.schedule, self.prediction_type = schedule, check_prediction_type(prediction_type)
-        if timestep_spacing not in SPACINGS:
-            raise ValueError(f"unknown timestep_spacing {timestep_spacing!r}; "
-                             f"choose one of {list(SPACINGS)}")
         self.clip_sample, self.clip_sample_range = clip_sample, clip_sample_range
-        self.timestep_spacing = timestep_spacing
+        self.timestep_spacing = check_choice(timestep_spacing, SPACINGS, "timestep_spacing")
         # alpha_bar accumulated in float32 as diffusers does (so that trajectories agree to 1e-5)
         self.alphas_cumprod = torch.cumprod(1.0 - schedule.betas.float(), 0)
         self.one = torch.tensor(1.0)
@@ -93,13 +91,7 @@ def previous_timestep(self, timestep) -> int:
     """The timestep after `timestep` in `self.timesteps` (-1 after the last). Raises `ValueError`
     for a timestep off the grid that `set_timesteps` chose."""
     t = int(timestep)
-    if t not in self._prev:
-        ts = self.timesteps.tolist()
-        grid = ", ".join(map(str, ts if len(ts) <= 8 else [*ts[:4], "...", *ts[-3:]]))
-        raise ValueError(f"timestep {t} is not on this sampler's grid of {len(ts)} timesteps "
-                         f"({grid}): step through `scheduler.timesteps` after "
-                         "`scheduler.set_timesteps(n)`")
-    return self._prev[t]
+    return self._prev[t] if t in self._prev else check_on_grid(t, self.timesteps.tolist())
 
 # %% ../../nbs/13_sampling.ipynb #21a3c1cf
 @patch_to(AncestralSampler)
@@ -182,8 +174,7 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50,
     `(images (n, C, H, W) uint8 in [0, 255], images (n, C, H, W) float32 in [-1, 1])`. Raises
     `ValueError` for `n` < 1, steps outside [1, T], bad labels or batch size, or an `eta` or step
     option the scheduler does not take, and `FloatingPointError` for NaN or infinity (no images)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n (the number of images) must be a positive int, got {n!r}")
+    check_num_images(n)
     ours = getattr(scheduler, "schedule", None)      # an AncestralSampler; else diffusers' config
     T = ours.num_train_timesteps if ours is not None else scheduler.config.num_train_timesteps
     num_inference_steps = check_num_steps(num_inference_steps, T)
@@ -195,10 +186,5 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50,
                                   None if y is None else y[i0:i0 + bs], kw, callback, progress)
                     for i0 in range(0, n, bs)])
     model.train(was)
-    bad = (~torch.isfinite(xs)).flatten(1).any(1)
-    if bad.any():
-        raise FloatingPointError(f"{int(bad.sum())} of {n} samples hold NaN or infinity after "
-                                 f"{num_inference_steps} steps of {type(scheduler).__name__}: the "
-                                 "sampler diverged (check its settings and the model's "
-                                 "prediction_type)")
+    check_finite_samples(xs, num_inference_steps, scheduler)
     return to_uint8(xs), xs

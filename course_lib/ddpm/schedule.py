@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import torch
 from ..core.basics import patch_to
-from .checks import check_beta_range, check_prediction_type, check_timesteps
+from .checks import (
+    check_beta_range, check_choice, check_prediction_type, check_timesteps)
 
 
 # %% auto #0
@@ -22,9 +23,7 @@ def make_betas(num_train_timesteps: int = 1000, beta_schedule: str = "linear",
     'cosine' (Nichol & Dhariwal 2021 eq. 17, s = 0.008, clipped at 0.999: diffusers'
     'squaredcos_cap_v2', which ignores beta_start and beta_end) or 'sigmoid' (diffusers').
     Raises `ValueError` for an unknown schedule or a bad T or range (`check_beta_range`)."""
-    if beta_schedule not in BETA_SCHEDULES:
-        raise ValueError(f"unknown beta_schedule {beta_schedule!r}; "
-                         f"choose one of {list(BETA_SCHEDULES)}")
+    check_choice(beta_schedule, BETA_SCHEDULES, "beta_schedule")
     T = check_beta_range(num_train_timesteps, beta_start, beta_end)
     if beta_schedule == "linear":
         return torch.linspace(beta_start, beta_end, T, dtype=torch.float64)

@@ -13,9 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.basics import patch_to
+from .checks import (
+    check_attention_channels, check_group_channels, check_time_batch,
+    check_unet_input, check_unet_sizes)
 
 # %% auto #0
-__all__ = ['timestep_embedding', 'ResBlock', 'SelfAttention', 'check_unet_sizes', 'UNetOutput', 'TinyUNet']
+__all__ = ['timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet']
 
 # %% ../../nbs/10a_unet.ipynb #28121c16
 def timestep_embedding(t: torch.Tensor, dim: int, flip_sin_to_cos: bool = True,
@@ -26,8 +29,7 @@ def timestep_embedding(t: torch.Tensor, dim: int, flip_sin_to_cos: bool = True,
     `get_timestep_embedding`: [sin, cos] of t * omega_i, omega_i = max_period^(-i / (dim/2 - shift))
     for i < dim/2, or [cos, sin] with `flip_sin_to_cos`. An odd `dim` ends with a zero column.
     Raises `ValueError` for a `t` that is not 1-D."""
-    if t.ndim != 1:
-        raise ValueError(f"t must be 1-D (B,), got shape {tuple(t.shape)}")
+    check_time_batch(t)
     half = dim // 2
     i = torch.arange(half, dtype=torch.float32, device=t.device)
     omega = torch.exp(-math.log(max_period) * i / (half - downscale_freq_shift))   # (half,)
@@ -45,10 +47,7 @@ class ResBlock(nn.Module):
     not a multiple of the GroupNorm `groups`."""
     def __init__(self, c_in: int, c_out: int, t_dim: int, groups: int = 8):
         super().__init__()
-        for c in (c_in, c_out):
-            if c % groups:
-                raise ValueError(f"{c} channels cannot be split into {groups} GroupNorm groups: "
-                                 f"use channel counts that are multiples of {groups}")
+        check_group_channels(c_in, c_out, groups=groups)
         self.norm1, self.conv1 = nn.GroupNorm(groups, c_in), nn.Conv2d(c_in, c_out, 3, padding=1)
         self.time_emb_proj = nn.Linear(t_dim, c_out)           # one time bias per channel
         self.norm2, self.conv2 = nn.GroupNorm(groups, c_out), nn.Conv2d(c_out, c_out, 3, padding=1)
@@ -68,9 +67,7 @@ class SelfAttention(nn.Module):
     is not a multiple of `head_dim` or of `groups`."""
     def __init__(self, channels: int, head_dim: int = 8, groups: int = 8):
         super().__init__()
-        if channels % head_dim or channels % groups:
-            raise ValueError(f"channels={channels} must be a multiple of head_dim={head_dim} and "
-                             f"of groups={groups}")
+        check_attention_channels(channels, head_dim, groups)
         self.heads = channels // head_dim
         self.group_norm = nn.GroupNorm(groups, channels)
         self.to_q, self.to_k, self.to_v = (nn.Linear(channels, channels) for _ in range(3))
@@ -84,21 +81,6 @@ class SelfAttention(nn.Module):
         w = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)   # (B, h, HW, HW)
         out = (w @ v).transpose(1, 2).reshape(B, H * W, C)                      # heads joined
         return x + self.to_out(out).transpose(1, 2).reshape(B, C, H, W)
-
-# %% ../../nbs/10a_unet.ipynb #bbb03829
-def check_unet_sizes(sample_size: int, block_out_channels: tuple[int, ...], groups: int) -> None:
-    """Raise `ValueError` naming the value unless every width in `block_out_channels` is a multiple
-    of `groups` and `sample_size` can be halved len(block_out_channels) - 1 times."""
-    bad = [c for c in block_out_channels if c % groups]
-    if not block_out_channels or bad:
-        raise ValueError(f"block_out_channels {bad or list(block_out_channels)} are not multiples "
-                         f"of norm_num_groups={groups} (GroupNorm splits the channels into groups)")
-    n = len(block_out_channels)
-    f = 2 ** (n - 1)
-    if sample_size % f:
-        raise ValueError(f"sample_size={sample_size} cannot be halved {n - 1} times: with {n} "
-                         f"levels (block_out_channels={tuple(block_out_channels)}) it must be a "
-                         f"multiple of {f}")
 
 # %% ../../nbs/10a_unet.ipynb #87d953fe
 @dataclass
@@ -147,12 +129,7 @@ def forward(self, sample: torch.Tensor, timestep, class_labels=None) -> UNetOutp
     """x_t `sample` `(B, C, H, W)` (H, W multiples of 2^(levels - 1)) and `timestep` `(B,)` or one
     int -> `UNetOutput(sample=eps_hat)`, `(B, C, H, W)` in sample's dtype. Raises `ValueError` for
     a size the down path cannot halve, or for `class_labels` (it is not class-conditional)."""
-    f = 2 ** (len(self.down) - 1)
-    if sample.ndim != 4 or sample.shape[-2] % f or sample.shape[-1] % f:
-        raise ValueError(f"sample of shape {tuple(sample.shape)}: TinyUNet wants (B, C, H, W) "
-                         f"with H and W multiples of {f} ({len(self.down)} levels)")
-    if class_labels is not None:
-        raise ValueError("TinyUNet is not class-conditional: pass class_labels=None")
+    check_unet_input(sample, len(self.down), class_labels)
     t = torch.as_tensor(timestep, device=sample.device).reshape(-1).expand(len(sample))
     emb = self.time_mlp(timestep_embedding(t, self.conv_in.out_channels).to(sample.dtype))
     h, skips = self.conv_in(sample), []

@@ -4,13 +4,15 @@
 
 # %% ../../nbs/71_flow_matching.ipynb #83a84e55
 from __future__ import annotations
-import math
 import torch
 from torch import nn
 
+from .checks import (
+    check_flow_grid, check_flow_guidance, check_seq_lens, check_time_sampling)
+
 # %% auto #0
-__all__ = ['TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'check_steps', 'shift_time', 'dynamic_shift_time',
-           'flow_grid', 'euler_step', 'calculate_shift', 'UNetVelocity', 'euler_sample']
+__all__ = ['TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'shift_time', 'dynamic_shift_time', 'flow_grid',
+           'euler_step', 'calculate_shift', 'UNetVelocity', 'euler_sample']
 
 # %% ../../nbs/71_flow_matching.ipynb #d9324045
 TIME_SAMPLINGS = ("logit-normal", "uniform")
@@ -21,10 +23,8 @@ def sample_time(n: int, kind: str = "logit-normal", mean: float = 0.0, std: floa
     Esser et al. 2024) or 'uniform', on the device of `generator` (CPU without one). Raises
     `ValueError` for an unknown kind or std <= 0."""
     dev = generator.device if generator is not None else None
-    if kind not in TIME_SAMPLINGS:
-        raise ValueError(f"unknown time sampling {kind!r}, choose one of {list(TIME_SAMPLINGS)}")
+    check_time_sampling(kind, std, TIME_SAMPLINGS)
     if kind == "uniform": return torch.rand(n, generator=generator, device=dev)
-    if not std > 0: raise ValueError(f"the logit-normal std must be > 0, got {std!r}")
     return torch.sigmoid(mean + std * torch.randn(n, generator=generator, device=dev))
 
 def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -37,13 +37,6 @@ def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return noise - x0
 
 # %% ../../nbs/71_flow_matching.ipynb #dd3cfb48
-def check_steps(num_steps) -> int:
-    "`num_steps` as an int >= 1, else `ValueError` naming the value."
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps (Euler steps) must be an int >= 1, got {num_steps!r}")
-    return num_steps
-
-
 def shift_time(t, shift: float = 1.0):
     "SD3's time shift s t / (1 + (s - 1) t) (Esser et al. 2024, eq. 23), s = 1 leaves t alone."
     return shift * t / (1 + (shift - 1) * t)
@@ -62,15 +55,7 @@ def flow_grid(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 100
     `FlowMatchEulerDiscreteScheduler` visits: linspace(1, t_min, n) shifted, then 0. Static `shift`:
     t_min = shift_time(1 / T). Dynamic `mu` (FLUX's `use_dynamic_shifting=True`, `set_timesteps(n,
     mu=mu)`): t_min = 1 / T, `dynamic_shift_time`. `ValueError` naming a bad shift, mu or both."""
-    check_steps(num_steps)
-    if not shift > 0:
-        raise ValueError(f"shift must be > 0, got {shift!r}")
-    if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float))
-                           or not math.isfinite(mu)):
-        raise ValueError(f"mu must be a finite number (see calculate_shift), got {mu!r}")
-    if mu is not None and shift != 1:
-        raise ValueError(f"pass shift={shift!r} or mu={mu!r}, not both: with mu (dynamic "
-                         "shifting) diffusers' scheduler ignores shift")
+    check_flow_grid(num_steps, shift, mu)
     t_min = torch.tensor(1.0 / num_train_timesteps)     # float32, as the scheduler keeps it
     t_min = t_min if mu is not None else shift_time(t_min, shift)
     t = torch.linspace(1.0, t_min.item(), num_steps, dtype=torch.float64)
@@ -89,12 +74,7 @@ def calculate_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: in
     patches): linear, `base_shift` at `base_seq_len` and `max_shift` at `max_seq_len` tokens
     (extrapolated beyond), as diffusers' `pipeline_flux.calculate_shift` with the scheduler's
     defaults. `ValueError` for a length that is not an int >= 1, or max_seq_len <= base_seq_len."""
-    if isinstance(image_seq_len, bool) or not isinstance(image_seq_len, int) or image_seq_len < 1:
-        raise ValueError(f"image_seq_len must be an int >= 1, got {image_seq_len!r} (the number "
-                         "of latent tokens, (H/16)(W/16) for FLUX.1)")
-    if not max_seq_len > base_seq_len:
-        raise ValueError(f"max_seq_len={max_seq_len!r} must be above "
-                         f"base_seq_len={base_seq_len!r}")
+    check_seq_lens(image_seq_len, base_seq_len, max_seq_len)
     m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
     return image_seq_len * m + (base_shift - m * base_seq_len)
 
@@ -136,11 +116,7 @@ def euler_sample(
     `guidance_scale` w > 1: classifier-free guidance v_null + w (v_cond - v_null), `null_cond` the
     unconditional input (None: what the model does without `cond`). Returns x at t = 0."""
     grid = flow_grid(num_steps, shift, mu=mu)
-    if guidance_scale < 1:
-        raise ValueError(
-            f"guidance_scale must be >= 1 for classifier-free guidance (1: no guidance), "
-            f"got {guidance_scale!r}"
-        )
+    check_flow_guidance(guidance_scale)
     x = noise
     for i in range(num_steps):
         t = grid[i].expand(len(x)).to(x.device)

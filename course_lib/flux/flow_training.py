@@ -18,9 +18,9 @@ from ..core.basics import (
 from ..data.images import to_uint8
 from ..ddpm.training import DDPMConfig, default_dataset, ema_update, make_unet
 from ..ddpm.sampling import randn_on
-from course_lib.flux.flow import (
-    TIME_SAMPLINGS, UNetVelocity, check_steps, euler_sample, interpolate, sample_time,
-    velocity_target)
+from .checks import check_steps
+from .flow import (
+    TIME_SAMPLINGS, UNetVelocity, euler_sample, interpolate, sample_time, velocity_target)
 from .guidance import drop_labels
 
 # %% auto #0

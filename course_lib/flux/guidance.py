@@ -4,7 +4,6 @@
 
 # %% ../../nbs/70_guidance.ipynb #4e496136
 from __future__ import annotations
-import warnings
 from types import SimpleNamespace
 
 import torch
@@ -13,10 +12,11 @@ from torch import nn
 from ..ddpm.training import DDPMConfig, default_dataset, load_pretrained_ddpm
 from ..ddpm.schedulers import make_scheduler
 from ..ddpm.sampling import sample
+from .checks import check_guidance_scale, check_guided_sampling, check_label_dropout
 
 # %% auto #0
-__all__ = ['cfg_combine', 'drop_labels', 'check_guidance_scale', 'label_dropout_dataset', 'load_guided_ddpm', 'GuidedUNet',
-           'sample_guided', 'prompted_rate', 'mean_se']
+__all__ = ['cfg_combine', 'drop_labels', 'label_dropout_dataset', 'load_guided_ddpm', 'GuidedUNet', 'sample_guided',
+           'prompted_rate', 'mean_se']
 
 # %% ../../nbs/70_guidance.ipynb #037cb6ca
 def cfg_combine(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
@@ -32,27 +32,12 @@ def drop_labels(y: torch.Tensor, p: float, null_class: int, generator=None) -> t
     return torch.where(drop.to(y.device), torch.full_like(y, null_class), y)
 
 # %% ../../nbs/70_guidance.ipynb #694e544e
-def check_guidance_scale(guidance_scale) -> float:
-    "`guidance_scale` as a float >= 1, else `ValueError` naming the value."
-    if (
-        isinstance(guidance_scale, bool)
-        or not isinstance(guidance_scale, (int, float))
-        or not guidance_scale >= 1
-    ):
-        raise ValueError(
-            f"guidance_scale must be a number >= 1 for classifier-free guidance (1: the "
-            f"conditional model alone), got {guidance_scale!r}"
-        )
-    return float(guidance_scale)
-
-
 def label_dropout_dataset(dataset, p: float, null_class: int = 10, copies: int = 10):
     """`dataset` (`.images`, `.labels`) repeated `copies` times with `round(p * copies)` of each
     image's copies labelled `null_class`. Raises `ValueError` unless p is a multiple of 1 / copies
     in [0, 1)."""
+    check_label_dropout(p, copies)
     k = round(p * copies)
-    if not 0 <= p < 1 or abs(k - p * copies) > 1e-9:
-        raise ValueError(f"label_dropout must be a multiple of {1 / copies} in [0, 1), got {p!r}")
     x, y = dataset.images, torch.as_tensor(dataset.labels).long()
     ys = [torch.full_like(y, null_class) if i < k else y for i in range(copies)]
     return SimpleNamespace(images=x.repeat(copies, 1, 1, 1), labels=torch.cat(ys))
@@ -103,27 +88,7 @@ class GuidedUNet(nn.Module):
         cond, uncond = out.chunk(2)
         return SimpleNamespace(sample=cfg_combine(cond, uncond, self.w))
 
-# %% ../../nbs/70_guidance.ipynb #4157ee16
-def _warn_no_effect(guidance_scale, class_labels, negative) -> None:
-    "Name the setting that changes nothing: uncond + w (cond - uncond) is cond at w = 1."
-    if negative is not None and guidance_scale == 1:
-        warnings.warn(f"negative={negative} has no effect at guidance_scale=1 (the output is the "
-                      "conditional one): raise guidance_scale above 1", stacklevel=3)
-    elif class_labels is None and negative is None and guidance_scale != 1:
-        warnings.warn(f"guidance_scale={guidance_scale} has no effect without a prompt (both "
-                      "branches see the null class)", stacklevel=3)
-
-
 # %% ../../nbs/70_guidance.ipynb #c5875f9b
-def _check_class(c, null_class: int, what: str) -> None:
-    bad = [int(v) for v in torch.as_tensor(c).reshape(-1) if not 0 <= int(v) < null_class]
-    if bad:
-        raise ValueError(
-            f"unknown {what} {bad[0]}: the model knows the digits 0..{null_class - 1} "
-            "(None: no prompt)"
-        )
-
-
 def sample_guided(
     model: nn.Module,
     n: int,
@@ -139,15 +104,8 @@ def sample_guided(
     optionally away from the class `negative`, with unit 1's `sampler` in `num_steps` steps. A
     setting that changes nothing (a `negative` at guidance 1, a guidance scale without a prompt)
     is named in a `UserWarning`. Returns `sample`'s `(uint8, float)`."""
-    check_guidance_scale(guidance_scale)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
     null = model.null_class
-    if class_labels is not None:
-        _check_class(class_labels, null, "class")
-    if negative is not None:
-        _check_class(negative, null, "negative class")
-    _warn_no_effect(guidance_scale, class_labels, negative)
+    check_guided_sampling(guidance_scale, num_steps, class_labels, negative, null)
     y = null if class_labels is None else class_labels
     guided = GuidedUNet(model, guidance_scale, null, negative)
     sch = make_scheduler(sampler, model.ddpm_config)

@@ -10,9 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_lora_targets, check_packable
+
 # %% auto #0
 __all__ = ['FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid', 'corner_rate', 'encode_images', 'encode_captions',
-           'flux_flow_loss', 'base_dtype', 'check_lora_targets', 'add_flux_lora', 'trainable_parameters']
+           'flux_flow_loss', 'base_dtype', 'add_flux_lora', 'trainable_parameters']
 
 # %% ../../nbs/73_flux_lora.ipynb #abe76011
 def ink_centroid(images: torch.Tensor, floor: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,9 +42,7 @@ def encode_images(pipe, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     z = vae.encode(images.to(vae.device, vae.dtype)).latent_dist.mode()
     z = (z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor
     b, c, h, w = z.shape
-    if h % 2 or w % 2:
-        raise ValueError(f"latents of {tuple(images.shape[-2:])} images are {h}x{w}: FLUX packs "
-                         f"2x2 patches, use a side divisible by {2 * pipe.vae_scale_factor}")
+    check_packable(images.shape[-2:], h, w, pipe.vae_scale_factor)
     ids = pipe._prepare_latent_image_ids(b, h // 2, w // 2, z.device, z.dtype)
     return pipe._pack_latents(z, b, c, h, w), ids
 
@@ -82,19 +82,6 @@ FLUX_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0",
                           "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
 
-def check_lora_targets(model: nn.Module, targets: Sequence[str]) -> None:
-    """Raise `ValueError` naming every entry of `targets` that matches no `nn.Linear` of `model`
-    (the name or a dotted suffix of it, as peft matches a list) and the layer kinds it has: peft
-    adapts the others and drops such an entry without a word."""
-    import re
-    lin = [n for n, x in model.named_modules()
-           if isinstance(x, nn.Linear) or isinstance(getattr(x, "base_layer", None), nn.Linear)]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in lin)]
-    if missing:
-        kinds = sorted({re.sub(r"^.*?\.\d+\.", "", n) for n in lin})   # blocks.0.a.to_q -> a.to_q
-        raise ValueError(f"target_modules entries {missing} match no Linear layer of the "
-                         f"{type(model).__name__}; its Linear layers (per block): {kinds[:12]}"
-                         f"{' ...' if len(kinds) > 12 else ''}")
 
 # %% ../../nbs/73_flux_lora.ipynb #90a178ba
 def add_flux_lora(pipe, config, adapter_name: str = "default") -> list:

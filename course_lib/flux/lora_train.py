@@ -89,7 +89,7 @@ def validate(self) -> FluxLoRAConfig:
 def to_dict(self) -> dict: return {**asdict(self), "target_modules": list(self.target_modules)}
 
 # %% ../../nbs/77_flux_lora_train.ipynb #dc47067a
-PRESET_FORMAT = "course_lib.flux.lora.preset/1"
+PRESET_FORMAT = "course_lib.flux_lora.preset/1"
 
 @patch_to(FluxLoRAConfig)
 def save_preset(self, path: str | os.PathLike) -> Path:

@@ -13,7 +13,7 @@ from torch import nn
 from ..ddpm.sampling import randn_on
 from .io import FluxMiniConfig, check_int, check_prompts, check_size, quiet_loading
 from .parts import VOCAB, make_tokenizer
-from .guidance import check_guidance_scale
+from .checks import check_guidance_scale
 
 # %% auto #0
 __all__ = ['make_flux_pipeline', 'pack_latents', 'unpack_latents', 'latent_ids', 'FluxVelocity', 'train_vae', 'encode_latents',

@@ -7,18 +7,21 @@ __all__ = ['CONCEPT_DIGIT', 'TRIGGER', 'BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WOR
            'encode_prompt', 'repeat_prompts', 'generate', 'check_captions', 'names_trigger', 'concept_labels',
            'write_concept_folder', 'write_style_folder', 'filename_captioner', 'read_captions', 'Augment',
            'BucketBatchSampler', 'check_rank_alpha', 'check_target_modules', 'check_adapter_args', 'check_dataset_args',
-           'usable_images', 'check_train_config', 'unused_settings', 'aspect_buckets', 'assign_bucket', 'fit_image',
-           'ConceptDataset', 'LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers',
-           'merge_lora', 'unmerge_lora', 'lora_param_count', 'adapter_names', 'set_adapters', 'active_adapters',
-           'merge_adapters', 'unmerge_adapters', 'remove_adapter', 'LORA_TARGETS', 'add_lora', 'ADAPTER_FORMAT',
-           'REQUIRED_METADATA', 'copy_lora_to_peft', 'base_fingerprint', 'adapter_metadata', 'foreign_layout',
-           'safetensors_header', 'parse_adapter_metadata', 'read_adapter', 'check_adapter_file', 'check_adapter_keys',
-           'save_adapter', 'load_adapter', 'count_parameters', 'adapter_file_bytes', 'training_state_bytes',
-           'PeakMemory', 'concept_report', 'MetricsLog', 'png_bytes', 'loss_figure', 'in_notebook_frontend',
-           'TrainResult', 'train_result', 'preview_if_due', 'diffusion_loss', 'prior_set', 'LoRATrainConfig',
-           'train_step', 'train_lora', 'LORA_PRESET_FORMAT', 'check_lora_folder', 'parse_adapter_spec', 'train_adapter',
-           'adapter_path', 'adapter_is_cached', 'load_or_train_adapter', 'save_lora_preset', 'lora_config_from_dict',
-           'load_lora_preset', 'LoRARun', 'train_lora_run', 'LoRADashboard', 'adapter_gallery']
+           'usable_images', 'check_train_config', 'unused_settings', 'check_lora_base', 'check_inject_targets',
+           'check_bucket_size', 'check_one_resolution', 'check_finite_loss', 'check_adapter_suffix',
+           'check_has_adapter', 'check_known_adapters', 'check_not_merged', 'aspect_buckets', 'assign_bucket',
+           'fit_image', 'ConceptDataset', 'LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora',
+           'lora_layers', 'merge_lora', 'unmerge_lora', 'lora_param_count', 'adapter_names', 'set_adapters',
+           'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter', 'LORA_TARGETS', 'add_lora',
+           'ADAPTER_FORMAT', 'REQUIRED_METADATA', 'copy_lora_to_peft', 'base_fingerprint', 'adapter_metadata',
+           'foreign_layout', 'safetensors_header', 'parse_adapter_metadata', 'read_adapter', 'check_adapter_file',
+           'check_adapter_keys', 'save_adapter', 'load_adapter', 'count_parameters', 'adapter_file_bytes',
+           'training_state_bytes', 'PeakMemory', 'concept_report', 'MetricsLog', 'png_bytes', 'loss_figure',
+           'in_notebook_frontend', 'TrainResult', 'train_result', 'preview_if_due', 'diffusion_loss', 'prior_set',
+           'LoRATrainConfig', 'train_step', 'train_lora', 'LORA_PRESET_FORMAT', 'check_lora_folder',
+           'parse_adapter_spec', 'train_adapter', 'adapter_path', 'adapter_is_cached', 'load_or_train_adapter',
+           'save_lora_preset', 'lora_config_from_dict', 'load_lora_preset', 'LoRARun', 'train_lora_run',
+           'LoRADashboard', 'adapter_gallery']
 
 # %% ../../nbs/49z_lora_api.ipynb #ff37a51d
 from .base import (
@@ -35,9 +38,13 @@ _all_ = ['CONCEPT_DIGIT', 'TRIGGER', 'BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WORDS
 # %% ../../nbs/49z_lora_api.ipynb #2d54946e
 from .checks import (
     check_rank_alpha, check_target_modules, check_adapter_args, check_dataset_args,
-    usable_images, check_train_config, unused_settings)
+    usable_images, check_train_config, unused_settings, check_lora_base, check_inject_targets,
+    check_bucket_size, check_one_resolution, check_finite_loss, check_adapter_suffix,
+    check_has_adapter, check_known_adapters, check_not_merged)
 _all_ = ['check_rank_alpha', 'check_target_modules', 'check_adapter_args', 'check_dataset_args',
-         'usable_images', 'check_train_config', 'unused_settings']
+         'usable_images', 'check_train_config', 'unused_settings', 'check_lora_base',
+         'check_inject_targets', 'check_bucket_size', 'check_one_resolution', 'check_finite_loss',
+         'check_adapter_suffix', 'check_has_adapter', 'check_known_adapters', 'check_not_merged']
 
 # %% ../../nbs/49z_lora_api.ipynb #4b78f7c4
 from .data import aspect_buckets, assign_bucket, fit_image, ConceptDataset

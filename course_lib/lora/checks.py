@@ -4,7 +4,7 @@
 
 # %% ../../nbs/45_lora_checks.ipynb #1abc9d71
 from __future__ import annotations
-import warnings
+import math, warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -14,7 +14,9 @@ from ..data.images import FolderReport, scan_image_folder
 
 # %% auto #0
 __all__ = ['check_rank_alpha', 'check_target_modules', 'check_adapter_args', 'check_dataset_args', 'usable_images',
-           'check_train_config', 'unused_settings']
+           'check_train_config', 'unused_settings', 'check_lora_base', 'check_inject_targets', 'check_bucket_size',
+           'check_one_resolution', 'check_finite_loss', 'check_adapter_suffix', 'check_has_adapter',
+           'check_known_adapters', 'check_not_merged']
 
 # %% ../../nbs/45_lora_checks.ipynb #8de2c1da
 def check_rank_alpha(rank, alpha) -> None:
@@ -137,3 +139,70 @@ def unused_settings(c) -> None:
         why = "full_finetune=True trains every weight" if c.full_finetune else "prior_images=0"
         warnings.warn(f"{', '.join(f'{k}={getattr(c, k)!r}' for k in unused)} has no effect: "
                       f"{why}", UserWarning, stacklevel=5)
+
+# %% ../../nbs/45_lora_checks.ipynb #dcb33ac9
+def check_lora_base(base: nn.Module, cls: type, layer: str) -> None:
+    "Refuse a `base` the LoRA layer `layer` cannot wrap: not a `cls`, or a grouped convolution."
+    if not isinstance(base, cls):
+        raise TypeError(f"{layer} wraps nn.{cls.__name__}, got {type(base).__name__}")
+    if getattr(base, "groups", 1) != 1:
+        raise ValueError(f"{layer} supports groups=1 only, got groups={base.groups}")
+
+def check_inject_targets(target_modules, layers: Sequence[str]) -> list[str]:
+    """`target_modules` of `inject_lora` (a name or a list of names) as a list, each checked to
+    match one of the names `layers` of the model's nn.Linear / nn.Conv2d (exactly or as a dotted
+    suffix). Raises `TypeError` for targets that are not strings, `ValueError` naming every
+    unmatched one."""
+    targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+    if not targets or not all(isinstance(t, str) for t in targets):
+        raise TypeError(f"target_modules must be a module name or a non-empty list of names, "
+                        f"got {target_modules!r}")
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in layers)]
+    if missing:
+        raise ValueError(f"target_modules entries {missing} match no nn.Linear/nn.Conv2d of the "
+                         f"model (target_modules={targets}), some layer names: {layers[:8]}")
+    return targets
+
+# %% ../../nbs/45_lora_checks.ipynb #f7f4ee9d
+def check_bucket_size(size, step: int) -> None:
+    "Refuse a training `size` of `aspect_buckets` that is not a positive multiple of `step`."
+    if size <= 0 or size % step:
+        raise ValueError(f"size={size!r} must be a positive multiple of step={step}")
+
+def check_one_resolution(buckets: Sequence) -> None:
+    "Refuse stacking the images of a data set with several `buckets` (resolutions)."
+    if len(buckets) > 1:
+        raise ValueError("images() needs one resolution; use buckets=False")
+
+def check_finite_loss(loss: float, step: int, lr: float) -> None:
+    "Stop a LoRA run whose `loss` at `step` is NaN or infinite, with advice on the `lr`."
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"train_lora: loss is {loss} at step {step}; "
+                                 f"lower lr (now {lr})")
+
+# %% ../../nbs/45_lora_checks.ipynb #b00ab5c1
+def check_adapter_suffix(path: Path) -> None:
+    "Refuse an adapter file name that does not end in `.safetensors`."
+    if path.suffix != ".safetensors":
+        raise ValueError(f"adapters are written as .safetensors only (pickle formats can run code "
+                         f"when loaded), got {path.name!r}")
+
+def check_has_adapter(name: str, names: Sequence[str]) -> None:
+    "Refuse saving an adapter `name` that is not among the model's adapters `names`."
+    if name not in names:
+        raise ValueError(f"no adapter {name!r} in the model; adapters: {names}")
+
+def check_known_adapters(requested, names: Sequence[str]) -> None:
+    """Refuse adapter names the model does not have (its adapters: `names`): `requested` is one
+    name (`remove_adapter`) or several (`set_adapters`)."""
+    if isinstance(requested, str):
+        if requested not in names:
+            raise ValueError(f"unknown adapter {requested!r}; the model has {names}")
+        return
+    unknown = [n for n in requested if n not in names]
+    if unknown: raise ValueError(f"unknown adapter(s) {unknown}; the model has {names}")
+
+def check_not_merged(layers: Sequence[nn.Module]) -> None:
+    "Refuse switching adapters while the peft LoRA `layers` are merged into their base weights."
+    if any(m.merged for m in layers):
+        raise RuntimeError("adapters are merged: call unmerge_adapters(model) before switching")

@@ -16,7 +16,8 @@ from torch.utils.data import Dataset
 from ..core.basics import patch_to
 from ..data.images import FolderReport, open_image, to_float
 from .base import filename_captioner, read_captions
-from .checks import check_dataset_args, usable_images
+from .checks import (
+    check_bucket_size, check_dataset_args, check_one_resolution, usable_images)
 
 # %% auto #0
 __all__ = ['aspect_buckets', 'assign_bucket', 'fit_image', 'ConceptDataset']
@@ -26,8 +27,7 @@ def aspect_buckets(size: int, step: int = 4, max_ratio: float = 2.0) -> list[tup
     """Resolutions `(width, height)` with sides multiples of `step`, area <= `size**2`, aspect
     ratio within `[1/max_ratio, max_ratio]`, largest area per width (the kohya / ai-toolkit scheme),
     sorted by aspect ratio. Raises `ValueError` if `size` is not a positive multiple of `step`."""
-    if size <= 0 or size % step:
-        raise ValueError(f"size={size!r} must be a positive multiple of step={step}")
+    check_bucket_size(size, step)
     out = set()
     for w in range(step, int(size * max_ratio**0.5) + 1, step):
         h = (size * size // w) // step * step
@@ -111,8 +111,7 @@ def __getitem__(self, i: int) -> dict:
 def images(self) -> torch.Tensor:
     """All images (no augmentation) as one `(N, C, size, size)` float tensor in [-1, 1] (square
     buckets only)."""
-    if len(self.bucket_list) > 1:
-        raise ValueError("images() needs one resolution; use buckets=False")
+    check_one_resolution(self.bucket_list)
     return torch.stack([to_float(self.load(i)) for i in range(len(self.files))])
 
 @patch_to(ConceptDataset)

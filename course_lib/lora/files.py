@@ -36,7 +36,7 @@ def copy_lora_to_peft(ours: nn.Module, peft_layer: nn.Module,
         pb.copy_(b)
 
 # %% ../../nbs/47_lora_files.ipynb #afcf8aba
-ADAPTER_FORMAT = "course_lib.lora.layers/1"
+ADAPTER_FORMAT = "course_lib.lora/1"
 REQUIRED_METADATA = ("format", "base_hash", "rank", "alpha", "target_modules")
 
 def base_fingerprint(unet: nn.Module) -> str:

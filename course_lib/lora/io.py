@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from ..core.basics import atomic_write, unwrap_model
 from .layers import adapter_names, add_lora, set_adapters
+from .checks import check_adapter_suffix, check_has_adapter
 from .files import (
     adapter_metadata, check_adapter_file, check_adapter_keys, read_adapter)
 
@@ -33,12 +34,8 @@ def save_adapter(unet: nn.Module, path: str | os.PathLike, adapter_name: str = "
     from peft.functional import get_peft_model_state_dict
     from safetensors.torch import save
     path, unet = Path(path), unwrap_model(unet)     # the plain model's names, wrapped or not
-    if path.suffix != ".safetensors":
-        raise ValueError(f"adapters are written as .safetensors only (pickle formats can run code "
-                         f"when loaded), got {path.name!r}")
-    names = adapter_names(unet)
-    if adapter_name not in names:
-        raise ValueError(f"no adapter {adapter_name!r} in the model; adapters: {names}")
+    check_adapter_suffix(path)
+    check_has_adapter(adapter_name, adapter_names(unet))
     meta = adapter_metadata(unet, adapter_name, base_model, trigger, training_config, dataset)
     sd = {k: v.detach().to("cpu", torch.float32).contiguous()
           for k, v in get_peft_model_state_dict(unet, adapter_name=adapter_name).items()}

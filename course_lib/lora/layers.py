@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from .checks import check_rank_alpha
+from .checks import check_inject_targets, check_lora_base, check_rank_alpha
 
 # %% auto #0
 __all__ = ['LORA_LAYERS', 'LoRALayerBase', 'LoRALinear', 'LoRAConv2d', 'inject_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'lora_param_count', 'adapter_names', 'set_adapters', 'active_adapters', 'merge_adapters', 'unmerge_adapters', 'remove_adapter', 'LORA_TARGETS', 'add_lora']
@@ -64,8 +64,7 @@ class LoRALinear(LoRALayerBase):
     and `peft.tuners.lora.Linear`."""
     def __init__(self, base: nn.Linear, rank: int = 4, alpha: float | None = None,
                  dropout: float = 0.0):
-        if not isinstance(base, nn.Linear):
-            raise TypeError(f"LoRALinear wraps nn.Linear, got {type(base).__name__}")
+        check_lora_base(base, nn.Linear, "LoRALinear")
         super().__init__(base, rank, alpha)
         like = dict(dtype=base.weight.dtype, device=base.weight.device)
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **like))
@@ -91,10 +90,7 @@ class LoRAConv2d(LoRALayerBase):
     Raises `TypeError` for another module, `ValueError` for grouped convolutions, `rank < 1` or
     `alpha <= 0`."""
     def __init__(self, base: nn.Conv2d, rank: int = 4, alpha: float | None = None):
-        if not isinstance(base, nn.Conv2d):
-            raise TypeError(f"LoRAConv2d wraps nn.Conv2d, got {type(base).__name__}")
-        if base.groups != 1:
-            raise ValueError(f"LoRAConv2d supports groups=1 only, got groups={base.groups}")
+        check_lora_base(base, nn.Conv2d, "LoRAConv2d")
         super().__init__(base, rank, alpha)
         like = dict(dtype=base.weight.dtype, device=base.weight.device)
         self.lora_A = nn.Conv2d(base.in_channels, rank, base.kernel_size, base.stride, base.padding,
@@ -129,15 +125,8 @@ def inject_lora(model: nn.Module, target_modules: str | Sequence[str], rank: int
     Returns the adapted module names. Raises `TypeError` for targets that are not strings, and
     `ValueError` naming every target that matches no nn.Linear / nn.Conv2d (nothing is changed
     then), with some of the layer names."""
-    targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
-    if not targets or not all(isinstance(t, str) for t in targets):
-        raise TypeError(f"target_modules must be a module name or a non-empty list of names, "
-                        f"got {target_modules!r}")
     layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    missing = [t for t in targets if not any(_matches(n, [t]) for n in layers)]
-    if missing:
-        raise ValueError(f"target_modules entries {missing} match no nn.Linear/nn.Conv2d of the "
-                         f"model (target_modules={targets}), some layer names: {layers[:8]}")
+    targets = check_inject_targets(target_modules, layers)
     names = [n for n in layers if _matches(n, targets)]
     model.requires_grad_(False)
     for n in names:
@@ -189,6 +178,8 @@ def adapter_names(unet: nn.Module) -> list[str]:
 # %% ../../nbs/43_lora_export.ipynb #ad7d4dc0
 from typing import Mapping
 
+from .checks import check_known_adapters, check_not_merged
+
 def _lora_layers(unet):
     from peft.tuners.lora import LoraLayer
     return [m for m in unet.modules() if isinstance(m, LoraLayer)]
@@ -200,12 +191,9 @@ def set_adapters(unet: nn.Module, weights: str | Sequence[str] | Mapping[str, fl
     `unet`."""
     if isinstance(weights, str): weights = {weights: 1.0}
     elif not isinstance(weights, Mapping): weights = {n: 1.0 for n in weights}
-    names = adapter_names(unet)
-    unknown = [n for n in weights if n not in names]
-    if unknown: raise ValueError(f"unknown adapter(s) {unknown}; the model has {names}")
+    check_known_adapters(list(weights), adapter_names(unet))
     layers = _lora_layers(unet)
-    if any(m.merged for m in layers):
-        raise RuntimeError("adapters are merged: call unmerge_adapters(model) before switching")
+    check_not_merged(layers)
     for m in layers:
         if not weights:
             m.enable_adapters(False)
@@ -243,8 +231,7 @@ def unmerge_adapters(unet: nn.Module) -> nn.Module:
 def remove_adapter(unet: nn.Module, name: str) -> nn.Module:
     "Delete adapter `name` from `unet` (unmerge first). Raises `ValueError` for an unknown name."
     from peft.functional import delete_adapter
-    if name not in adapter_names(unet):
-        raise ValueError(f"unknown adapter {name!r}; the model has {adapter_names(unet)}")
+    check_known_adapters(name, adapter_names(unet))
     unmerge_adapters(unet)
     delete_adapter(unet, name, prefix="lora_")
     unet.peft_config.pop(name, None)

@@ -125,7 +125,7 @@ def load_or_train_adapter(kind: str, base: nn.Module, config: LoRATrainConfig | 
     return path
 
 # %% ../../nbs/49_lora_command.ipynb #d9dab30e
-LORA_PRESET_FORMAT = "course_lib.lora.layers.preset/1"
+LORA_PRESET_FORMAT = "course_lib.lora.preset/1"
 
 def save_lora_preset(config: LoRATrainConfig, path: str | os.PathLike, **extra) -> Path:
     "Write `config` (and `extra` JSON keys) to `path` as JSON, atomically. Returns the path."

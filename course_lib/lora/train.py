@@ -4,7 +4,7 @@
 
 # %% ../../nbs/42_lora_training.ipynb #0281cbc5
 from __future__ import annotations
-import contextlib, math, os, threading, time
+import contextlib, os, threading, time
 from dataclasses import dataclass, asdict
 from functools import partial
 from typing import Callable, Sequence
@@ -20,7 +20,7 @@ from ..ddpm.schedulers import make_scheduler
 from ..ddpm.sampling import sample
 from .layers import LORA_TARGETS, add_lora
 from .base import BASE_CLASSES, TRIGGER, concept_labels
-from .checks import check_train_config
+from .checks import check_finite_loss, check_train_config
 from .data import ConceptDataset
 from .metrics import (
     MetricsLog, PeakMemory, TrainResult, preview_if_due, train_result)
@@ -94,9 +94,7 @@ def train_step(loss_on: Callable, batch: tuple, prior, cfg: LoRATrainConfig, acc
         j = torch.randint(0, len(prior[0]), (cfg.batch_size,), generator=gen)
         loss_p = loss_on(prior[0][j], prior[1][j])
         loss = loss_c + cfg.prior_weight * loss_p
-    if not math.isfinite(loss.item()):
-        raise FloatingPointError(f"train_lora: loss is {loss.item()} at step {step}; "
-                                 f"lower lr (now {cfg.lr})")
+    check_finite_loss(loss.item(), step, cfg.lr)
     acc.backward(loss)
     if cfg.grad_clip: acc.clip_grad_norm_(params, cfg.grad_clip)
     opt.step()

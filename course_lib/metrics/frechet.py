@@ -8,46 +8,13 @@ import warnings
 
 import numpy as np
 import scipy.linalg
-import torch
+
+from course_lib.metrics.checks import (
+    FewSamplesWarning, check_features, check_feature_dims, check_gaussian_stats, check_one_of,
+    check_subset_sizes)
 
 # %% auto #0
-__all__ = ['FD_METHODS', 'FewSamplesWarning', 'check_features', 'feature_statistics', 'trace_sqrt_product', 'frechet_distance',
-           'fid_from_features', 'fid_infinity']
-
-# %% ../../nbs/30_frechet_distance.ipynb #e7d1c78f
-class FewSamplesWarning(UserWarning):
-    """Fewer samples than feature dimensions: the sample covariance is rank-deficient and FID is
-    biased upward."""
-
-def check_features(features, name: str = "features", warn_rank: bool = True) -> np.ndarray:
-    """`features`: `(N, D)` array or tensor (any real dtype) -> float64 NumPy array `(N, D)`.
-
-    Raises `ValueError` if it is not 2-D, has fewer than 2 rows, or holds NaN/inf values (naming how
-    many and where). Warns `FewSamplesWarning` when N < D (naming both numbers) if `warn_rank`."""
-    if isinstance(features, torch.Tensor): features = features.detach().cpu().double().numpy()
-    f = np.asarray(features, dtype=np.float64)
-    if f.ndim != 2:
-        raise ValueError(
-            f"{name}: expected a 2-D (N, D) array of features, got shape {tuple(f.shape)}"
-        )
-    n, d = f.shape
-    if n < 2:
-        raise ValueError(
-            f"{name}: {n} sample(s); a covariance needs at least 2 (FID needs thousands: 10x the"
-            f" feature dimension {d})")
-    bad = ~np.isfinite(f)
-    if bad.any():
-        rows = np.flatnonzero(bad.any(axis=1))
-        raise ValueError(
-            f"{name}: {int(bad.sum())} NaN/inf value(s) in {len(rows)} sample(s) (first rows"
-            f" {rows[:5].tolist()}); check the images and the feature extractor (a diverged model"
-            " gives NaN images)")
-    if warn_rank and n < d:
-        warnings.warn(
-            f"{name}: {n} samples for {d} feature dimensions: the covariance has rank at most"
-            f" {n - 1} < {d}, so FID is unreliable; use at least {d} samples (ideally 10x as many)",
-            FewSamplesWarning, stacklevel=2)
-    return f
+__all__ = ['FD_METHODS', 'feature_statistics', 'trace_sqrt_product', 'frechet_distance', 'fid_from_features', 'fid_infinity']
 
 # %% ../../nbs/30_frechet_distance.ipynb #80148ab0
 def feature_statistics(features, name: str = "features") -> tuple[np.ndarray, np.ndarray]:
@@ -68,13 +35,12 @@ def trace_sqrt_product(sigma1, sigma2, method: str = "symmetric") -> float:
     `method`: 'symmetric' (Cholesky of sigma1, or its eigendecomposition when singular, then
     `eigvalsh`), 'eigvals' (torch-fidelity 0.4: complex square roots of the eigenvalues of sigma1 @
     sigma2) or 'sqrtm' (TTUR / pytorch-fid: trace of `scipy.linalg.sqrtm(sigma1 @ sigma2)`)."""
+    check_one_of("method", method, FD_METHODS)
     s1, s2 = np.asarray(sigma1, np.float64), np.asarray(sigma2, np.float64)
     if method == "eigvals":
         return float(np.sum(np.sqrt(np.linalg.eigvals(s1 @ s2).astype(np.complex128)).real))
     if method == "sqrtm":
         return float(np.trace(scipy.linalg.sqrtm(s1 @ s2)).real)
-    if method != "symmetric":
-        raise ValueError(f"method={method!r} is not one of {FD_METHODS}")
     try:
         L = np.linalg.cholesky(s1)                       # s1 = L L^T
         M = L.T @ s2 @ L
@@ -100,21 +66,7 @@ def frechet_distance(mu1, sigma1, mu2, sigma2, method: str = "symmetric") -> flo
     can be slightly negative (about -1e-10 relative) for identical statistics. It is returned as
     computed, not clipped: a squared distance is never negative, so printers (`course fid`) report
     such rounding residue as 0.0. Raises `ValueError` for mismatched shapes or non-finite values."""
-    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(
-        np.asarray(mu2, np.float64)
-    )
-    s1, s2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(
-        np.asarray(sigma2, np.float64)
-    )
-    d = mu1.shape[0]
-    if mu1.shape != (d,) or mu2.shape != (d,) or s1.shape != (d, d) or s2.shape != (d, d):
-        raise ValueError(
-            f"shapes do not match: mu1 {mu1.shape}, sigma1 {s1.shape}, mu2 {mu2.shape}, sigma2"
-            f" {s2.shape}; expected (D,), (D, D), (D,), (D, D) with the same D (same feature"
-            " extractor and layer)")
-    for n, a in (("mu1", mu1), ("sigma1", s1), ("mu2", mu2), ("sigma2", s2)):
-        if not np.isfinite(a).all():
-            raise ValueError(f"{n} holds NaN/inf values: the features it came from are broken")
+    mu1, s1, mu2, s2 = check_gaussian_stats(mu1, sigma1, mu2, sigma2)
     diff = mu1 - mu2
     return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * trace_sqrt_product(s1, s2, method))
 
@@ -127,10 +79,7 @@ def fid_from_features(features1, features2, method: str = "symmetric") -> float:
     `FewSamplesWarning` if N < D."""
     mu1, s1 = feature_statistics(features1, "features1")
     mu2, s2 = feature_statistics(features2, "features2")
-    if mu1.shape != mu2.shape:
-        raise ValueError(
-            f"feature dimensions differ: {mu1.shape[0]} vs {mu2.shape[0]}; use the same extractor"
-            " and layer for both sets")
+    check_feature_dims(mu1, mu2)
     return frechet_distance(mu1, s1, mu2, s2, method)
 
 # %% ../../nbs/30_frechet_distance.ipynb #b60272d9
@@ -147,10 +96,7 @@ def fid_infinity(features1, features2, ns=None, trials: int = 1, seed: int = 0,
     mu2, s2 = feature_statistics(features2, "features2")
     n1 = len(f1)
     ns = np.asarray(ns if ns is not None else np.linspace(max(2, n1 // 5), n1, 15).astype(int))
-    if len(ns) < 2 or ns.min() < 2 or ns.max() > n1:
-        raise ValueError(
-            f"ns={ns.tolist()} must hold at least 2 sizes in [2, {n1}] (the number of samples in"
-            " features1)")
+    check_subset_sizes(ns, n1)
     r = np.random.default_rng(seed)
     fids = []
     with warnings.catch_warnings():

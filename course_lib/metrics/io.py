@@ -14,7 +14,7 @@ import torch
 from ..core.basics import OfflineError, atomic_write, cache_dir
 from ..core.weight_files import (
     check_weights_file, file_kind, not_a_file_error, state_dict_problem, weights_problem)
-from .frechet import FewSamplesWarning
+from .checks import FewSamplesWarning
 from .images import as_uint8_images, reference_name
 
 # %% auto #0

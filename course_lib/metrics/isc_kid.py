@@ -4,12 +4,12 @@
 
 # %% ../../nbs/31_is_kid.ipynb #ff551530
 from __future__ import annotations
-import warnings
 
 import numpy as np
 import torch
 
-from .frechet import check_features
+from .checks import (
+    check_feature_dims, check_features, check_kid_args, check_n_chunks, check_splits)
 
 # %% auto #0
 __all__ = ['inception_score', 'polynomial_kernel', 'mmd2_unbiased', 'kid', 'kid_chunks']
@@ -29,13 +29,7 @@ def inception_score(logits_or_probs, splits: int = 10, shuffle: bool = True, rng
     values, `splits` < 1 or fewer than 2 samples a split."""
     x = check_features(logits_or_probs, "logits_or_probs", warn_rank=False)
     N, C = x.shape
-    if (isinstance(splits, bool)
-        or not isinstance(splits, (int, np.integer))
-        or splits < 1
-        or N // splits < 2):
-        raise ValueError(
-            f"splits={splits!r} must be an int in [1, N // 2 = {N // 2}] for N={N} samples: each "
-            "split needs at least 2 (the IS of a single image is 1, whatever it shows)")
+    check_splits(splits, N)
     if probs is None:
         probs = bool((x >= 0).all() and np.allclose(x.sum(1), 1.0, atol=1e-6))
     if shuffle: x = x[np.random.RandomState(rng_seed).permutation(N)]
@@ -70,29 +64,6 @@ def mmd2_unbiased(K_XX: np.ndarray, K_XY: np.ndarray, K_YY: np.ndarray) -> float
     sum_yy = K_YY.sum() - np.trace(K_YY)
     return float((sum_xx + sum_yy) / (m * (m - 1)) - 2 * K_XY.sum() / (m * m))
 
-# %% ../../nbs/31_is_kid.ipynb #e8bd5342
-def _kid_subset_size(f1: np.ndarray, f2: np.ndarray, subsets, subset_size) -> int:
-    """Check `kid`'s arguments and return the subset size it uses: `subset_size`, clamped to
-    min(N1, N2) with a `UserWarning` when larger."""
-    if f1.shape[1] != f2.shape[1]:
-        raise ValueError(
-            f"feature dimensions differ: {f1.shape[1]} vs {f2.shape[1]}; use the same extractor and"
-            " layer for both sets")
-    if not isinstance(subsets, (int, np.integer)) or subsets < 1:
-        raise ValueError(f"subsets={subsets!r} must be a positive int")
-    if not isinstance(subset_size, (int, np.integer)) or subset_size < 2:
-        raise ValueError(
-            f"subset_size={subset_size!r} must be an int >= 2 (the unbiased estimator divides by"
-            " m(m-1))")
-    n1, n2 = len(f1), len(f2)
-    if subset_size > min(n1, n2):
-        warnings.warn(
-            f"KID subset_size={subset_size} is larger than the number of samples (features1: {n1},"
-            f" features2: {n2}); clamped to {min(n1, n2)}. Pass subset_size <= {min(n1, n2)} to"
-            " silence this.", UserWarning, stacklevel=3)
-        return min(n1, n2)
-    return subset_size
-
 # %% ../../nbs/31_is_kid.ipynb #38c56786
 def kid(features1, features2, subsets: int = 100, subset_size: int = 1000, degree: int = 3,
     gamma: float | None = None, coef0: float = 1.0, rng_seed: int = 2020) -> tuple[float, float]:
@@ -110,7 +81,7 @@ def kid(features1, features2, subsets: int = 100, subset_size: int = 1000, degre
     1 or `subset_size` < 2."""
     f1 = check_features(features1, "features1", warn_rank=False)
     f2 = check_features(features2, "features2", warn_rank=False)
-    subset_size = _kid_subset_size(f1, f2, subsets, subset_size)
+    subset_size = check_kid_args(f1, f2, subsets, subset_size)
     n1, n2 = len(f1), len(f2)
     rng = np.random.RandomState(rng_seed)
     mmds = np.zeros(subsets)
@@ -131,11 +102,9 @@ def kid_chunks(features1, features2, n_chunks: int = 4, seed: int = 0) -> tuple[
     of fewer than 2 samples or different feature dimensions."""
     f1 = check_features(features1, "features1", warn_rank=False)
     f2 = check_features(features2, "features2", warn_rank=False)
-    _kid_subset_size(f1, f2, 1, 2)                              # the same D, as `kid` checks
-    m = min(len(f1), len(f2)) // n_chunks if isinstance(n_chunks, int) and n_chunks > 0 else 0
-    if not isinstance(n_chunks, int) or n_chunks < 2 or m < 2:
-        raise ValueError(f"n_chunks={n_chunks!r} must be an int >= 2 leaving at least 2 samples a"
-                         f" chunk (N1 = {len(f1)}, N2 = {len(f2)}): use fewer chunks")
+    check_feature_dims(f1, f2)                                  # the same D, as `kid` checks
+    check_n_chunks(n_chunks, len(f1), len(f2))
+    m = min(len(f1), len(f2)) // n_chunks
     rng = np.random.default_rng(seed)
     c1 = f1[rng.permutation(len(f1))[: n_chunks * m]].reshape(n_chunks, m, -1)
     c2 = f2[rng.permutation(len(f2))[: n_chunks * m]].reshape(n_chunks, m, -1)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .checks import (
+    check_document_text, check_model_window, check_prefix_token, check_window_stride)
 from .format import pile_set_name
 
 # %% auto #0
@@ -69,9 +71,7 @@ def rolling_windows(n: int, window: int, stride: int | None = None) -> list[tupl
     `make_disjoint_window`, context_len=1), `stride < window` a sliding window.
     Raises `ValueError` for window < 1 or stride not in 1..window."""
     stride = window if stride is None else stride
-    if window < 1: raise ValueError(f"window must be >= 1, got {window}")
-    if not 1 <= stride <= window:
-        raise ValueError(f"stride must be in 1..window={window}, got {stride}")
+    check_window_stride(window, stride)
     if n <= 0: return []
     e = min(window, n)
     out = [(0, e, e)]
@@ -114,9 +114,7 @@ def prefix_token_id(tokenizer) -> int:
     """The token that conditions the first prediction: BOS, else EOS (as lm-evaluation-harness).
     Raises `ValueError` if neither exists."""
     t = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if t is None:
-        raise ValueError("the tokenizer has neither a BOS nor an EOS token: "
-                         "set tokenizer.bos_token")
+    check_prefix_token(t)
     return t
 
 def model_window(model, window: int | None = None) -> int:
@@ -126,13 +124,8 @@ def model_window(model, window: int | None = None) -> int:
     cfg = getattr(model, "config", None)
     ctx = next((v for k in ("n_positions", "max_position_embeddings", "n_ctx")
                 if isinstance(v := getattr(cfg, k, None), int) and v > 0), None)
-    if window is None:
-        if ctx is None: raise ValueError("cannot tell the model's context length: pass window=")
-        return ctx
-    if ctx is not None and window > ctx:
-        raise ValueError(f"window {window} is longer than the model's context ({ctx} positions): "
-                         f"pass window <= {ctx}")
-    return window
+    check_model_window(window, ctx)
+    return ctx if window is None else window
 
 # %% ../../nbs/61_bits_per_byte.ipynb #6f3d89ad
 def _window_batch(seqs: list[list[int]], windows: list[tuple], idx: list[int]) -> tuple:
@@ -176,7 +169,7 @@ def _windows_of(tokenizer, documents, window: int, stride: int, rank: int, world
     meta, seqs, wins, mine = [], [], [], []
     for i, d in enumerate(documents):
         text, subset = (d, "all") if isinstance(d, str) else (d.get("text"), pile_set_name(d))
-        if not isinstance(text, str): raise ValueError(f"document {i} has no str 'text'")
+        check_document_text(i, text)
         meta.append((subset, n_bytes(text)))
         if i % world != rank: continue
         ids = tokenizer.encode(text, add_special_tokens=False)

@@ -13,6 +13,7 @@ import torch
 
 from ..core.basics import (
     restore_pretrained, grad_enabled, cache_dir, seed_everything, get_device)
+from .checks import check_token_count, check_vocab_size
 from .jsonl_zst import read_jsonl_zst
 from .mini import mini_pile
 
@@ -29,8 +30,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_freque
     `ValueError` for `vocab_size` < 257 (the 256 bytes and EOT)."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
-    if vocab_size < 257:
-        raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOT}), got {vocab_size}")
+    check_vocab_size(vocab_size, EOT)
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency,
                             special_tokens=[EOT], show_progress=False)
@@ -72,9 +72,8 @@ def token_blocks(tokenizer, texts: Iterable[str], block: int) -> torch.Tensor:
     eot = tokenizer.eos_token_id
     ids: list[int] = []
     for t in texts: ids += tokenizer.encode(t, add_special_tokens=False) + [eot]
+    check_token_count(len(ids), block)
     n = len(ids) // (block + 1)
-    if n == 0:
-        raise ValueError(f"only {len(ids)} tokens of training text: need at least {block + 1}")
     return torch.tensor(ids[: n * (block + 1)]).view(n, block + 1)
 
 # %% ../../nbs/62_tiny_gpt2.ipynb #93431f88

@@ -15,6 +15,7 @@ from .sde import SDE
 # any device, and the network on its own device
 from .numerics import (
     as_times, cpu64, gaussian_logp, generator_device, network_output, per_sample, randn64, randn_on)
+from .checks import check_alpha_bar, check_end_time, check_score_prediction_type
 
 # %% auto #0
 __all__ = ['ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd']
@@ -30,14 +31,9 @@ class ScheduleVPSDE(SDE):
     the ODE when the last betas are clipped near 1 (the cosine schedule). Raises `ValueError`
     unless `alpha_bar` lies in (0, 1) and decreases strictly."""
     def __init__(self, alpha_bar, M: int | None = None, T: float = 1.0):
-        ab = torch.as_tensor(alpha_bar, dtype=torch.float64).reshape(-1)
-        if len(ab) < 2 or not ((ab > 0) & (ab < 1)).all() or not (ab[1:] < ab[:-1]).all():
-            raise ValueError(
-                "alpha_bar must be a strictly decreasing sequence in (0, 1) (DDPM's"
-                f" alphas_cumprod), got values from {ab.max().item():.4g} to {ab.min().item():.4g}"
-            )
+        ab = check_alpha_bar(torch.as_tensor(alpha_bar, dtype=torch.float64).reshape(-1))
         super().__init__(len(ab) if M is None else M)
-        if not 0 < T <= 1: raise ValueError(f"T must be in (0, 1], got {T}")
+        check_end_time(T)
         self.alpha_bar_table, self.n_train, self._T = ab, len(ab), float(T)
         self._grid = torch.linspace(0, 1, len(ab) + 1, dtype=torch.float64)
         self._log_ab = torch.cat([torch.zeros(1, dtype=torch.float64), ab.log()])
@@ -115,10 +111,7 @@ def ddpm_score_fn(model: Callable, sde: ScheduleVPSDE,
     sqrt(1 - alpha_bar(t))` (Song et al. 2021, appendix B, with the timestep
     `sde.model_timestep(t)`, fractional between grid points). Raises `ValueError` for another
     prediction type."""
-    if prediction_type not in ("epsilon", "v_prediction"):
-        raise ValueError(
-            f"prediction_type must be 'epsilon' or 'v_prediction', got {prediction_type!r}"
-        )
+    check_score_prediction_type(prediction_type)
     def score_fn(x, t):
         t = as_times(t, x)
         out = network_output(model, x, sde.model_timestep(t))

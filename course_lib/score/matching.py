@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from ..core.basics import grad_enabled, seed_everything
+from .checks import check_sigmas_shape
 # the 2-D test bed (library notebook 24): the mixture with its exact score, the data, the config
 from .toys import GaussianMixture, ToyScoreConfig, toy_data
 
@@ -28,8 +29,7 @@ def dsm_loss(score_fn: Callable, x0: torch.Tensor, sigmas: torch.Tensor,
     but the O(1) noise of the target cancels to first order in sigma, which helps most at the
     smallest noise levels. Returns a scalar tensor (the sum over dimensions, averaged over the
     batch)."""
-    if sigmas.shape != x0.shape[:1]:
-        raise ValueError(f"sigmas must be (B,) = {tuple(x0.shape[:1])}, got {tuple(sigmas.shape)}")
+    check_sigmas_shape(sigmas, x0)
     z = torch.randn_like(x0)
     if antithetic:
         x0, z, sigmas = torch.cat([x0, x0]), torch.cat([z, -z]), torch.cat([sigmas, sigmas])

@@ -16,25 +16,13 @@ from ..core.basics import (
 from .matching import dsm_loss, sample_sigmas
 from .toys import GaussianMixture, check_sigma_range
 from .cache import cached_model_state
+from .checks import (
+    check_all_finite, check_at_least, check_decreasing_sigmas, check_langevin_finite,
+    check_positive, check_same_shape)
 
 # %% auto #0
-__all__ = ['LangevinDivergedError', 'langevin', 'annealed_langevin', 'geometric_sigmas', 'component_weights', 'energy_distance',
-           'sliced_wasserstein', 'sample_report', 'NCSNConfig', 'NCSN', 'train_ncsn', 'load_ncsn']
-
-# %% ../../nbs/21_langevin.ipynb #951d7660
-class LangevinDivergedError(FloatingPointError):
-    """Raised by the Langevin samplers when the samples stop being finite. The message suggests a
-    smaller step."""
-
-def _check_finite(x, step, step_size, where=""):
-    if not torch.isfinite(x).all():
-        n_bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
-        raise LangevinDivergedError(
-            f"Langevin dynamics diverged{where} at step {step}: {n_bad} of {x.shape[0]} samples are"
-            f" not finite (inf/nan) with step_size={step_size:g}. The step is too large for this"
-            f" score: try step_size={step_size / 10:g} (for a Gaussian of standard deviation s the"
-            " update is only stable for step_size < 4 s^2)."
-        )
+__all__ = ['langevin', 'annealed_langevin', 'geometric_sigmas', 'component_weights', 'energy_distance', 'sliced_wasserstein',
+           'sample_report', 'NCSNConfig', 'NCSN', 'train_ncsn', 'load_ncsn']
 
 # %% ../../nbs/21_langevin.ipynb #62ecc825
 def _gen_device(generator) -> torch.device:
@@ -53,13 +41,13 @@ def langevin(score_fn: Callable, x: torch.Tensor, step_size: float, n_steps: int
     `LangevinDivergedError` (a `FloatingPointError`) as soon as a sample becomes non-finite, naming
     a smaller step to try."""
     from tqdm.auto import tqdm
-    if not step_size > 0: raise ValueError(f"step_size must be positive, got {step_size}")
+    check_positive(step_size, "step_size")
     path = [x.clone()] if return_path else None
     for i in tqdm(range(n_steps), disable=not progress, desc="Langevin"):
         z = torch.randn(x.shape, generator=generator, dtype=x.dtype,
                         device=_gen_device(generator)).to(x.device)
         x = x + 0.5 * step_size * score_fn(x) + math.sqrt(step_size) * z
-        _check_finite(x, i + 1, step_size)
+        check_langevin_finite(x, i + 1, step_size)
         if return_path: path.append(x.clone())
     return (x, path) if return_path else x
 
@@ -81,9 +69,8 @@ def annealed_langevin(score_fn: Callable, x: torch.Tensor, sigmas: Sequence[floa
     samples become non-finite (with a smaller `step_lr`)."""
     from tqdm.auto import tqdm
     sigmas = torch.as_tensor(sigmas).detach().to("cpu", torch.float64).reshape(-1)  # any device
-    if (sigmas <= 0).any() or (sigmas[1:] >= sigmas[:-1]).any():
-        raise ValueError(f"sigmas must be positive and strictly decreasing, got {sigmas.tolist()}")
-    if not step_lr > 0: raise ValueError(f"step_lr must be positive, got {step_lr}")
+    check_decreasing_sigmas(sigmas)
+    check_positive(step_lr, "step_lr")
     path = [x.clone()] if return_path else None
     B = x.shape[0]
     levels = tqdm(sigmas.tolist(), disable=not progress, desc="annealed Langevin")
@@ -95,7 +82,7 @@ def annealed_langevin(score_fn: Callable, x: torch.Tensor, sigmas: Sequence[floa
                             device=_gen_device(generator)).to(x.device)
             x = x + 0.5 * alpha * score_fn(x, sig) + math.sqrt(alpha) * z
             where = f" at noise level {i} (sigma={sigma:.4g}, step {alpha:.3g})"
-            _check_finite(x, t + 1, step_lr, where)
+            check_langevin_finite(x, t + 1, step_lr, where)
         if return_path: path.append(x.clone())
     if denoise:
         sigma_L = torch.full((B,), float(sigmas[-1]), dtype=x.dtype, device=x.device)
@@ -107,11 +94,8 @@ def geometric_sigmas(sigma_max: float, sigma_min: float, n_levels: int) -> torch
     """NCSN's noise levels: `n_levels` values from `sigma_max` down to `sigma_min` in geometric
     progression (Song & Ermon 2019, sec. 4.2), `(n_levels,)` float32. Raises `ValueError` unless
     `0 < sigma_min < sigma_max`."""
-    if not 0 < sigma_min < sigma_max:
-        raise ValueError(
-            f"need 0 < sigma_min < sigma_max, got sigma_min={sigma_min}, sigma_max={sigma_max}"
-        )
-    if n_levels < 2: raise ValueError(f"n_levels must be at least 2, got {n_levels}")
+    check_sigma_range(sigma_min, sigma_max)
+    check_at_least(n_levels, 2, "n_levels")
     return torch.exp(torch.linspace(math.log(sigma_max), math.log(sigma_min), n_levels))
 
 # %% ../../nbs/21_langevin.ipynb #ece27ed4
@@ -133,11 +117,7 @@ def sliced_wasserstein(x: torch.Tensor, y: torch.Tensor, n_proj: int = 256, seed
     """Sliced 2-Wasserstein distance between equally sized samples `x`, `y` `(N, D)`: the root mean
     square over `n_proj` random unit directions of the 1-D Wasserstein-2 distance of the
     projections (sorted samples). Raises `ValueError` for different sample sizes."""
-    if x.shape != y.shape:
-        raise ValueError(
-            f"sliced_wasserstein needs samples of equal shape, got {tuple(x.shape)} and"
-            f" {tuple(y.shape)}"
-        )
+    check_same_shape(x, y, "sliced_wasserstein")
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(x.shape[1], n_proj, generator=g, dtype=torch.float64)
     v = v / v.norm(dim=0, keepdim=True)
@@ -153,8 +133,8 @@ def sample_report(x: torch.Tensor, gmm: GaussianMixture, seed: int = 0, n_ref: i
     between two held-out sets of N samples (`energy_ratio`, `sw_ratio`: 1 = as close as sampling
     noise allows). Both are averaged over `n_ref` independent held-out pairs. Non-finite samples
     raise `ValueError`."""
-    if not torch.isfinite(x).all(): raise ValueError("samples contain inf/nan")
-    if n_ref < 1: raise ValueError(f"n_ref must be at least 1, got {n_ref}")
+    check_all_finite(x)
+    check_at_least(n_ref, 1, "n_ref")
     g = torch.Generator().manual_seed(10_000 + seed)
     ed = ed0 = sw = sw0 = 0.0
     for j in range(n_ref):
@@ -189,7 +169,7 @@ class NCSNConfig:
     seed: int = 0
     def __post_init__(self):
         check_sigma_range(self.sigma_min, self.sigma_max)
-        if self.steps < 1: raise ValueError(f"steps must be positive, got {self.steps}")
+        check_at_least(self.steps, 1, "steps")
         self.channels = tuple(self.channels)
 
     code_version = 1   # raised when train_ncsn changes what a config trains (not a field)

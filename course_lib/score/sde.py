@@ -14,6 +14,7 @@ from ..core.basics import patch
 # the parameter checks and the Gaussian prior's log density
 from .numerics import (
     as_times, check_ve_range, check_vp_range, gaussian_logp, per_sample, randn_on, time_grid)
+from .checks import check_at_least, check_pc_steps
 
 # %% auto #0
 __all__ = ['SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler', 'reverse_diffusion_step',
@@ -26,8 +27,7 @@ class SDE(abc.ABC):
     score_sde_pytorch. `N`: number of discretisation steps (`discretize`, samplers' default).
     Raises `ValueError` for `N < 1`."""
     def __init__(self, N: int):
-        if int(N) < 1: raise ValueError(f"N (discretisation steps) must be at least 1, got {N}")
-        self.N = int(N)
+        self.N = check_at_least(N, 1, "N (discretisation steps)")
 
     @property
     def T(self) -> float: return 1.0
@@ -242,11 +242,7 @@ def pc_sampler(sde: SDE, score_fn: Callable, shape: Sequence[int], n_steps: int 
     the plain reverse-diffusion sampler (for VP: DDPM's ancestral sampler to first order). The
     last step returns the mean. Tensors follow `x` (or `device`). Returns `(B, ...)`."""
     from tqdm.auto import tqdm
-    if n_steps is not None and int(n_steps) != sde.N:
-        raise ValueError(
-            f"pc_sampler steps through the SDE's own discretisation: build the SDE with N={n_steps}"
-            f" (it has N={sde.N})"
-        )
+    check_pc_steps(n_steps, sde.N)
     ts = time_grid(sde, None, eps)
     x = (sde.prior_sampling(shape, generator, device) if x is None else x).to(dtype)
     for t in tqdm(ts.tolist(), disable=not progress, desc="predictor-corrector"):

@@ -37,6 +37,10 @@ _all_ = ['PROTOCOL_DOC', 'PROTOCOL', 'memory_bytes', 'train_run', 'resolve', 'ba
 from .service import Studio, status_text
 _all_ = ['Studio', 'status_text']
 
+# %% ../../nbs/83z_studio_api.ipynb #e06630a9
+from .tab_train import STATUS_EVERY_S, loss_frame
+_all_ = ['STATUS_EVERY_S', 'loss_frame']
+
 # %% ../../nbs/83z_studio_api.ipynb #f8b32015
-from .page import STATUS_EVERY_S, loss_frame, build_studio
-_all_ = ['STATUS_EVERY_S', 'loss_frame', 'build_studio']
+from .page import build_studio
+_all_ = ['build_studio']

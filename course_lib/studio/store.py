@@ -19,7 +19,7 @@ from .settings import (
 __all__ = ['STUDIO_PRESET', 'IMAGE_TYPES', 'StudioStore']
 
 # %% ../../nbs/83b_studio_store.ipynb #d6c9937e
-STUDIO_PRESET = "course_lib.studio.app.preset/1"     # the preset files' format: kept as it was
+STUDIO_PRESET = "course_lib.studio.preset/1"     # the preset files' format: kept as it was
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 
 class StudioStore:

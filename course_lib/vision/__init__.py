@@ -4,24 +4,27 @@
 
 # %% auto #0
 __all__ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size', 'check_input_size', 'check_image_batch',
-           'dataset_tensors', 'check_finetune_inputs', 'next_batch', 'default_cfgs', 'count_params', 'count_flops',
-           'course_resnet_32', 'course_vit_32', 'model_data_config', 'normalize_images', 'record_input_size',
-           'save_model', 'checkpoint_info', 'classifier_prefixes', 'check_checkpoint', 'create_vision_model',
-           'load_finetuned', 'is_oom', 'cuda_sync', 'check_close', 'onnx_metadata', 'onnx_bytes', 'onnx_max_diff',
-           'TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy', 'images_per_second',
-           'choose_batch_size', 'bf16_supported', 'export_torchscript', 'export_onnx', 'onnx_session', 'quantize_int8',
-           'model_size_bytes', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task',
-           'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate',
-           'create_finetune_model', 'finetune_optimizer', 'train_steps', 'finetune', 'square_symmetries',
-           'label_augmented', 'upright_accuracy', 'pretrained_source_model']
+           'dataset_tensors', 'check_finetune_inputs', 'next_batch', 'check_mode', 'check_not_empty',
+           'check_class_count', 'check_flops_input', 'refused_input_error', 'default_cfgs', 'count_params',
+           'count_flops', 'course_resnet_32', 'course_vit_32', 'model_data_config', 'normalize_images',
+           'record_input_size', 'save_model', 'checkpoint_info', 'classifier_prefixes', 'check_checkpoint',
+           'create_vision_model', 'load_finetuned', 'is_oom', 'cuda_sync', 'check_close', 'onnx_metadata', 'onnx_bytes',
+           'onnx_max_diff', 'TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy',
+           'images_per_second', 'choose_batch_size', 'bf16_supported', 'export_torchscript', 'export_onnx',
+           'onnx_session', 'quantize_int8', 'model_size_bytes', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES',
+           'SYMMETRIES', 'digits_task', 'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult',
+           'random_shift', 'layer_groups', 'evaluate', 'create_finetune_model', 'finetune_optimizer', 'train_steps',
+           'finetune', 'square_symmetries', 'label_augmented', 'upright_accuracy', 'pretrained_source_model']
 
 # %% ../../nbs/56z_vision_api.ipynb #406760d3
 from .checks import (
     suggest_models, check_model_name, model_in_chans, model_fixed_size, check_input_size,
-    check_image_batch, dataset_tensors, check_finetune_inputs, next_batch)
+    check_image_batch, dataset_tensors, check_finetune_inputs, next_batch, check_mode,
+    check_not_empty, check_class_count, check_flops_input, refused_input_error)
 _all_ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size',
          'check_input_size', 'check_image_batch', 'dataset_tensors',
-         'check_finetune_inputs', 'next_batch']
+         'check_finetune_inputs', 'next_batch', 'check_mode', 'check_not_empty',
+         'check_class_count', 'check_flops_input', 'refused_input_error']
 
 # %% ../../nbs/56z_vision_api.ipynb #8ababd65
 from .registry import (

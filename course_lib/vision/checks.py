@@ -14,7 +14,8 @@ from torch.utils.data import TensorDataset
 
 # %% auto #0
 __all__ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size', 'check_input_size', 'check_image_batch',
-           'dataset_tensors', 'check_finetune_inputs', 'next_batch']
+           'dataset_tensors', 'check_finetune_inputs', 'next_batch', 'check_mode', 'check_not_empty',
+           'check_class_count', 'check_flops_input', 'refused_input_error']
 
 # %% ../../nbs/55_vision_checks.ipynb #cae0717b
 def suggest_models(name: str, n: int = 5) -> list[str]:
@@ -138,3 +139,34 @@ def next_batch(n: int, batch_size: int, g: torch.Generator, perm: torch.Tensor, 
            if n >= batch_size
            else torch.randint(0, n, (batch_size,), generator=g))
     return idx, perm, pos + batch_size
+
+# %% ../../nbs/55_vision_checks.ipynb #ee46e9fa
+def check_mode(value, choices, what: str) -> None:
+    "Refuse a `value` not in `choices`, naming it as `what` and listing the choices."
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {list(choices)}")
+
+
+def check_not_empty(items, message: str) -> None:
+    "Raise `ValueError(message)` when `items` has no element."
+    if len(items) == 0: raise ValueError(message)
+
+
+def check_class_count(cls: int, count: int, split: str, n_per_class: int) -> None:
+    "Refuse a class `cls` with `count` images of `split`, fewer than `n_per_class`."
+    if count < n_per_class:
+        raise ValueError(f"class {cls} has {count} {split} images, fewer than"
+                         f" n_per_class={n_per_class}")
+
+# %% ../../nbs/55_vision_checks.ipynb #ab167852
+def check_flops_input(input_size: Sequence[int]) -> None:
+    "Refuse an empty `input_size` (the model names none of its own)."
+    if not input_size:
+        raise ValueError("pass input_size, e.g. (C, H, W): the model names no input size of "
+                         "its own")
+
+
+def refused_input_error(input_size, own, err: Exception) -> ValueError:
+    "The error for a model that refused an `input_size` (`err`), naming its own size `own`."
+    return ValueError(f"the model does not take input_size={input_size} ({type(err).__name__}: "
+                      f"{err}); its own input size is {own}")

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core.basics import get_device, atomic_write
+from .checks import check_mode, check_not_empty
 from .registry import model_data_config, normalize_images
 
 # timing and export checks: library notebook 56_export_checks
@@ -31,8 +32,7 @@ def tta_views(x: torch.Tensor, tta: str = "none", pad: int = 2) -> list[torch.Te
     'flip' adds the horizontal mirror. 'crops' replaces the image by five `H x W` crops (centre and
     corners) of `x` padded by `pad` pixels (replicate), as in five-crop TTA. Raises `ValueError` for
     an unknown mode."""
-    if tta not in TTA_MODES:
-        raise ValueError(f"unknown tta {tta!r}; choose one of {list(TTA_MODES)}")
+    check_mode(tta, TTA_MODES, "tta")
     views = [x]
     if "crops" in tta:
         H, W = x.shape[-2:]
@@ -71,12 +71,12 @@ def predict_logits(model: nn.Module, x: torch.Tensor, data_config: dict | None =
 def ensemble_logits(models: Sequence[nn.Module], x: torch.Tensor, **kwargs) -> torch.Tensor:
     """The mean of `predict_logits(m, x, **kwargs)` over `models` (logit averaging), `(N, K)`
     float32."""
-    if not models: raise ValueError("ensemble_logits needs at least one model")
+    check_not_empty(models, "ensemble_logits needs at least one model")
     return torch.stack([predict_logits(m, x, **kwargs) for m in models]).mean(0)
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     "Top-1 accuracy (fraction in [0, 1]) of `logits` `(N, K)` against labels `y` `(N,)`."
-    if len(y) == 0: raise ValueError("accuracy of an empty set is undefined")
+    check_not_empty(y, "accuracy of an empty set is undefined")
     return (logits.argmax(-1) == y).sum().item() / len(y)
 
 # %% ../../nbs/52_inference_export.ipynb #0e96a20d

@@ -15,8 +15,9 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.resnet import ResNet, BasicBlock
 from timm.models.vision_transformer import VisionTransformer
 
-from .checks import (
-    model_in_chans, model_fixed_size, check_input_size, check_image_batch)
+from course_lib.vision.checks import (
+    model_in_chans, model_fixed_size, check_input_size, check_image_batch, check_flops_input,
+    refused_input_error)
 
 # %% auto #0
 __all__ = ['default_cfgs', 'count_params', 'count_flops', 'course_resnet_32', 'course_vit_32', 'model_data_config',
@@ -42,9 +43,7 @@ def count_flops(model: nn.Module, input_size: Sequence[int] | None = None) -> in
     from torch.nn.attention import sdpa_kernel, SDPBackend
     own = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
     input_size = tuple(input_size or own or ())
-    if not input_size:
-        raise ValueError("pass input_size, e.g. (C, H, W): the model names no input size of "
-                         "its own")
+    check_flops_input(input_size)
     was_training = model.training
     model.eval()
     p = next(model.parameters())
@@ -52,8 +51,7 @@ def count_flops(model: nn.Module, input_size: Sequence[int] | None = None) -> in
     try:
         with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc: model(x)
     except (AssertionError, RuntimeError, ValueError) as e:
-        raise ValueError(f"the model does not take input_size={input_size} ({type(e).__name__}: "
-                         f"{e}); its own input size is {own}") from None
+        raise refused_input_error(input_size, own, e) from None
     finally:
         model.train(was_training)
     return int(fc.get_total_flops())

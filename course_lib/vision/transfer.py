@@ -18,7 +18,8 @@ from ..core.cache import cache_lock
 from ..core.basics import (
     restore_pretrained, grad_enabled, seed_everything, get_device, cache_dir)
 from ..data.images import Digits
-from .checks import check_finetune_inputs, dataset_tensors, next_batch
+from .checks import (
+    check_mode, check_class_count, check_finetune_inputs, dataset_tensors, next_batch)
 from .checkpoints import save_model, create_vision_model, classifier_prefixes
 from .registry import model_data_config, normalize_images, record_input_size
 
@@ -49,9 +50,7 @@ def digits_task(classes: Sequence[int], split: str = "train", n_per_class: int |
         keep = []
         for c in range(len(classes)):
             ic = idx[y == c]
-            if len(ic) < n_per_class:
-                raise ValueError(f"class {classes[c]} has {len(ic)} {split} images, fewer than"
-                                 f" n_per_class={n_per_class}")
+            check_class_count(classes[c], len(ic), split, n_per_class)
             keep.append(ic[torch.randperm(len(ic), generator=gen)[:n_per_class]])
         idx = torch.cat(keep).sort().values
     return TensorDataset(ds.images[idx], y[idx])
@@ -262,8 +261,7 @@ def square_symmetries(x: torch.Tensor, kind: str = "d4") -> list[torch.Tensor]:
     of `x`'s shape: 'none' `[x]`; 'rot4' the rotations by 0, 90, 180 and 270 degrees; 'd4' those 4
     and the same 4 of the mirror image (the dihedral group of the square). Raises `ValueError` for
     another `kind`."""
-    if kind not in SYMMETRIES:
-        raise ValueError(f"unknown symmetries {kind!r}; choose one of {list(SYMMETRIES)}")
+    check_mode(kind, SYMMETRIES, "symmetries")
     views = [torch.rot90(x, k, (2, 3)) for k in range(4 if kind != "none" else 1)]
     if kind == "d4": views += [torch.rot90(x.flip(-1), k, (2, 3)) for k in range(4)]
     return views
@@ -301,10 +299,7 @@ def pretrained_source_model(model_name: str = "course_resnet_32", steps: int = 1
     `cache_dir('vision')`, named by a hash of the configuration. The header's `val_acc` is the digit
     accuracy on upright held-out source images."""
     from course_lib.core.cache import cache_key
-    if label_augment not in SYMMETRIES:
-        raise ValueError(
-            f"unknown label_augment {label_augment!r}; choose one of {list(SYMMETRIES)}"
-        )
+    check_mode(label_augment, SYMMETRIES, "label_augment")
     conf = dict(model=model_name, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                 task="digits0-4@32", v=2, label_augment=label_augment)
     setting = {k: v for k, v in conf.items() if k != "v"}
