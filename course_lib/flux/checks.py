@@ -15,7 +15,7 @@ from torch import nn
 # %% auto #0
 __all__ = ['check_guidance_scale', 'check_label_dropout', 'check_class', 'warn_no_effect', 'check_guided_sampling',
            'check_time_sampling', 'check_steps', 'check_flow_grid', 'check_seq_lens', 'check_flow_guidance',
-           'check_packable', 'check_lora_targets']
+           'check_negative_prompt', 'check_packable', 'check_lora_targets']
 
 # %% ../../nbs/74a_flux_checks.ipynb #0bfbe416
 def check_guidance_scale(guidance_scale) -> float:
@@ -118,6 +118,23 @@ def check_flow_guidance(guidance_scale) -> None:
             f"guidance_scale must be >= 1 for classifier-free guidance (1: no guidance), "
             f"got {guidance_scale!r}"
         )
+
+# %% ../../nbs/74a_flux_checks.ipynb #f6a518c9
+def check_negative_prompt(guidance_scale: float, negative_prompt: str | None,
+                          stacklevel: int = 3) -> str | None:
+    """The negative prompt FluxPipeline's true classifier-free guidance uses at `guidance_scale`
+    (a float >= 1): at 1 a given `negative_prompt` is dropped with a `UserWarning` naming it
+    (the pipeline ignores it at `true_cfg_scale` 1), and above 1 a missing one becomes '' (the empty
+    prompt)."""
+    if guidance_scale == 1 and negative_prompt is not None:
+        warnings.warn(f"negative_prompt={negative_prompt!r} has no effect at guidance_scale 1 "
+                      "(true classifier-free guidance only runs for a scale > 1): raise "
+                      "guidance_scale, or drop the negative prompt", stacklevel=stacklevel)
+        return None
+    if guidance_scale > 1 and negative_prompt is None:
+        return ""
+    return negative_prompt
+
 
 # %% ../../nbs/74a_flux_checks.ipynb #72ad4ab4
 def check_packable(image_hw, h: int, w: int, vae_scale_factor: int) -> None:

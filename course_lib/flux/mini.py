@@ -4,7 +4,6 @@
 
 # %% ../../nbs/72_flux_mini.ipynb #761cc501
 from __future__ import annotations
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +12,7 @@ from torch import nn
 from ..ddpm.sampling import randn_on
 from .io import FluxMiniConfig, check_int, check_prompts, check_size, quiet_loading
 from .parts import VOCAB, make_tokenizer
-from .checks import check_guidance_scale
+from .checks import check_guidance_scale, check_negative_prompt
 
 # %% auto #0
 __all__ = ['make_flux_pipeline', 'pack_latents', 'unpack_latents', 'latent_ids', 'FluxVelocity', 'train_vae', 'encode_latents',
@@ -182,13 +181,7 @@ def generate(pipe, prompts, guidance_scale: float = 1.0, num_inference_steps: in
     height, width = check_size(pipe, height, width)                  # None: the model's own
     check_int("num_inference_steps", num_inference_steps), check_int("batch_size", batch_size)
     check_int("seed", seed, low=None)
-    if w == 1 and negative_prompt is not None:       # FluxPipeline ignores it at true_cfg_scale 1
-        warnings.warn(f"negative_prompt={negative_prompt!r} has no effect at guidance_scale 1 "
-                      "(true classifier-free guidance only runs for a scale > 1): raise "
-                      "guidance_scale, or drop the negative prompt", stacklevel=2)
-        negative_prompt = None
-    if w > 1 and negative_prompt is None:
-        negative_prompt = ""
+    negative_prompt = check_negative_prompt(w, negative_prompt)     # '' above 1; dropped at 1
     g, out = torch.Generator().manual_seed(seed), []
     with quiet_loading(), torch.no_grad():
         for i in range(0, len(prompts), batch_size):
