@@ -31,3 +31,12 @@ def widgets():
     want = os.environ.get("COURSE_LIB_EXPECT_IPYWIDGETS")
     assert not want or W.__version__ == want, f"ipywidgets {W.__version__} from {W.__file__}, not {want}"
     return W
+
+
+def pytest_configure(config):
+    """`pytest -n 2` hands out tests by work stealing (pytest-xdist's `worksteal`) rather than its default `load`.
+    Under `load` each worker is sent its share in advance: the suite ended with one worker running its queue of
+    library notebooks one after another for ten minutes while the other sat idle. A `--dist` given on the command
+    line is kept."""
+    if getattr(config.option, "dist", None) == "load" and not config.getoption("distload", False):
+        config.option.dist = "worksteal"
