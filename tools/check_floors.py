@@ -143,7 +143,9 @@ def installed(py: Path, names) -> dict[str, str]:
 
 def import_all(py: Path, env) -> list[str]:
     "Import every course_lib module (as tests/test_modules.py lists them) in the venv: the failures."
-    modules = sorted(p.stem for p in (ROOT / "course_lib").glob("*.py") if p.stem != "__init__")
+    lib = ROOT / "course_lib"
+    modules = sorted(".".join(p.relative_to(lib).with_suffix("").parts).removesuffix(".__init__")
+                     for p in lib.rglob("*.py") if p.parent != lib)
     # a module that needs an optional extra ([pile], [studio]: not installed here) is skipped, not failed
     extras = sorted(extra_modules())
     code = ("import importlib, sys, traceback\n"
@@ -185,7 +187,8 @@ def run_tests(py: Path, env, files, log: Path) -> tuple[dict[str, tuple[int, int
     res, failures = {f: [0, 0] for f in files}, []
     if xml.exists():
         for case in ET.parse(xml).iter("testcase"):
-            f = case.get("file") or "tests/" + case.get("classname", "").split(".")[1] + ".py"
+            parts = (case.get("classname") or case.get("name") or "").split(".")
+            f = case.get("file") or "tests/" + (parts[1] if len(parts) > 1 else parts[0]) + ".py"
             f = f if f.startswith("tests/") else "tests/" + Path(f).name
             bad = [c for c in case if c.tag in ("failure", "error")]
             if f in res: res[f][bool(bad)] += 1

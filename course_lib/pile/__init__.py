@@ -105,20 +105,42 @@ from course_lib.pile.quality import (
 _all_ = ['GOPHER_RULES', 'GOPHER_STOP_WORDS', 'BULLETS', 'gopher_stats', 'gopher_reasons',
          'ngram_set', 'Decontaminator']
 
-# %% ../../nbs/69z_pile_api.ipynb #3cf1372e
-from .steps import (
-    MINHASH_CONFIG, doc_from_record, pile_record, subset_of, is_pile_shard, PileReader,
-    RemovalWriter, SubsetFilter, GopherRulesFilter, eval_texts, DecontaminationFilter,
-    TextHashSignature, ExactDedupFind, ExactDedupFilter, PileWriter, WhitespaceWordTokenizer)
+# %% ../../nbs/69z_pile_api.ipynb #ff2e55f0
+import importlib
+
+# datatrove's steps and the cleaning pipeline need the `pile` extra (datatrove, datasketch):
+# their names are loaded on first use (PEP 562), so the rest of unit 6 imports without it
+_LAZY = {
+    "MINHASH_CONFIG": "steps", "doc_from_record": "steps", "pile_record": "steps",
+    "subset_of": "steps", "is_pile_shard": "steps", "PileReader": "steps",
+    "RemovalWriter": "steps", "SubsetFilter": "steps", "GopherRulesFilter": "steps",
+    "eval_texts": "steps", "DecontaminationFilter": "steps", "TextHashSignature": "steps",
+    "ExactDedupFind": "steps", "ExactDedupFilter": "steps", "PileWriter": "steps",
+    "WhitespaceWordTokenizer": "steps", "FILTERS": "pipeline", "DEDUPS": "pipeline",
+    "STEPS": "pipeline", "SETTINGS_VERSION": "pipeline", "Stage": "pipeline",
+    "clean_pipeline": "pipeline", "run_pipeline": "pipeline", "clean_settings": "pipeline",
+    "check_clean_args": "pipeline", "CleanReport": "pipeline", "read_removals": "pipeline",
+    "clean_report": "pipeline", "run_clean": "pipeline"
+}
 _all_ = ['MINHASH_CONFIG', 'doc_from_record', 'pile_record', 'subset_of', 'is_pile_shard',
          'PileReader', 'RemovalWriter', 'SubsetFilter', 'GopherRulesFilter', 'eval_texts',
-         'DecontaminationFilter', 'TextHashSignature', 'ExactDedupFind',
-         'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer']
+         'DecontaminationFilter', 'TextHashSignature', 'ExactDedupFind', 'ExactDedupFilter',
+         'PileWriter', 'WhitespaceWordTokenizer', 'FILTERS', 'DEDUPS', 'STEPS',
+         'SETTINGS_VERSION', 'Stage', 'clean_pipeline', 'run_pipeline', 'clean_settings',
+         'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean']
 
-# %% ../../nbs/69z_pile_api.ipynb #28c4c6c8
-from .pipeline import (
-    FILTERS, DEDUPS, STEPS, SETTINGS_VERSION, Stage, clean_pipeline, run_pipeline,
-    clean_settings, check_clean_args, CleanReport, read_removals, clean_report, run_clean)
-_all_ = ['FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'Stage', 'clean_pipeline',
-         'run_pipeline', 'clean_settings', 'check_clean_args', 'CleanReport',
-         'read_removals', 'clean_report', 'run_clean']
+
+def __getattr__(name: str):
+    """The first use of a name of `pile.steps` or `pile.pipeline` imports that module. Raises
+    `ModuleNotFoundError` naming the `pile` extra when datatrove or datasketch is missing, and
+    `AttributeError` for any other name."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'course_lib.pile' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"course_lib.pile.{_LAZY[name]}")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("datatrove", "datasketch"): raise
+        raise ModuleNotFoundError(f"course_lib.pile.{name} needs the pile extra ({e.name} is "
+                                  "missing): pip install 'course_lib[pile]'", name=e.name) from e
+    globals()[name] = value = getattr(module, name)
+    return value
