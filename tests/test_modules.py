@@ -204,3 +204,27 @@ def test_notebook_check_catches_a_missing_import(tmp_path):
     found = notebook_undefined_names(tmp_path / "a.ipynb")
     assert sorted(found) == ["a.ipynb: undefined name 'np' (not in the __all__ of course_lib.core)",
                              "a.ipynb: undefined name 'record_x' (not in the __all__ of course_lib.core)"], found
+
+
+def test_subpackages_import_without_the_optional_extras():
+    """`pip install course_lib` without `[pile]` or `[studio]`: every subpackage still imports (unit 6's lessons 60-62
+    need `course_lib.pile` but not datatrove); only a name that needs an extra fails, on first use, naming it. The
+    subpackage layout first broke this: `course_lib.pile`'s `__init__` imported datatrove for every lesson."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "settings.ini")
+    extras = sorted({re.split(r"[<>=!~\[; ]", s, maxsplit=1)[0].replace("-", "_").lower()
+                     for key in ("studio_requirements", "pile_requirements") for s in cfg["DEFAULT"][key].split()})
+    code = ("import importlib, importlib.abc, sys\n"
+            f"BLOCK = {extras!r}\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in BLOCK: raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            f"for pkg in {SUBPACKAGES!r}: importlib.import_module('course_lib.' + pkg)\n"
+            "import course_lib.pile as pile\n"
+            "try: pile.run_clean\n"
+            "except ModuleNotFoundError as e: assert \"course_lib[pile]\" in str(e), e\n"
+            "else: raise AssertionError('run_clean imported with datatrove blocked')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
+    assert r.returncode == 0, f"a subpackage needs an optional extra to import:\n{r.stderr[-3000:]}"
