@@ -19,7 +19,7 @@ def _check_estimate(name: str, est, se) -> tuple[float, float]:
         raise ValueError(f"{name}: the standard error must be a finite number >= 0, got {se!r}")
     return float(est), float(se)
 
-# %% ../../nbs/09b_compare.ipynb #6d2cb575
+# %% ../../nbs/09b_compare.ipynb #9ee2ae98
 @dataclass(frozen=True)
 class Comparison:
     """Two independent estimates `est_a` (of `a`) and `est_b` (of `b`) with standard errors
