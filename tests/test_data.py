@@ -103,6 +103,6 @@ def test_subfolder_labels(tmp_path):
 
 def test_offline_loader_names_embedded_alternative(tmp_path):
     with pytest.raises(OfflineError, match="Digits"):
-        load_torchvision("mnist", root=tmp_path, download=False)
+        load_torchvision("fashion_mnist", root=tmp_path, download=False)
     with pytest.raises(ValueError, match="unknown data set"):
         load_torchvision("imagenet", root=tmp_path)

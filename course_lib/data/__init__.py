@@ -6,8 +6,9 @@
 __all__ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', 'TEST_SPLITS', 'digits_arrays', 'resize_uint8',
            'split_indices', 'Digits', 'to_float', 'to_uint8', 'FolderReport', 'convert_image', 'open_image',
            'scan_image_folder', 'split_folders', 'ImageFolder', 'load_torchvision', 'load_mnist', 'load_fashion_mnist',
-           'load_cifar10', 'image_grid', 'show_images', 'save_image_grid', 'Animation', 'animate', 'save_animation',
-           'slider']
+           'load_cifar10', 'MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays',
+           'mnist_split_indices', 'MNIST', 'image_grid', 'show_images', 'save_image_grid', 'Animation', 'animate',
+           'save_animation', 'slider']
 
 # %% ../../nbs/02z_data_api.ipynb #f97bdf63
 from .images import (
@@ -20,6 +21,12 @@ _all_ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', 'TE
          'to_uint8', 'FolderReport', 'convert_image', 'open_image', 'scan_image_folder',
          'split_folders', 'ImageFolder', 'load_torchvision', 'load_mnist',
          'load_fashion_mnist', 'load_cifar10']
+
+# %% ../../nbs/02z_data_api.ipynb #2b78ad06
+from .mnist import (
+    MNIST_FILE, MNIST_SHA256, MNIST_SIZES, MNIST_SPLITS, mnist_arrays, mnist_split_indices, MNIST)
+_all_ = ['MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays',
+         'mnist_split_indices', 'MNIST']
 
 # %% ../../nbs/02z_data_api.ipynb #5845a164
 from .plots import (

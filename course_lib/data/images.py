@@ -322,7 +322,9 @@ class ImageFolder(Dataset):
 
 # %% ../../nbs/01_data.ipynb #28f1e27f
 _TV = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
-_USE_DIGITS = "use the embedded real digits: course_lib.data.images.Digits(split='train', size=32)"
+_EMBEDDED = {"mnist": "use the 5,000 embedded MNIST digits: course_lib.data.MNIST(split='train')"}
+_USE_DIGITS = ("use an embedded real set: course_lib.data.MNIST(split='train') (28x28 digits) or "
+               "course_lib.data.Digits(split='train', size=32) (8x8 digits resized)")
 
 def load_torchvision(name: str, train: bool = True, root: str | os.PathLike | None = None,
                      download: bool = True):
@@ -331,31 +333,36 @@ def load_torchvision(name: str, train: bool = True, root: str | os.PathLike | No
     gives them.
 
     Raises `ValueError` for an unknown name, and `OfflineError` when the files are not cached and
-    cannot be downloaded, naming the embedded alternative `course_lib.data.images.Digits`."""
+    cannot be downloaded, naming the embedded alternative (`MNIST` for MNIST, else `MNIST` and
+    `Digits`)."""
     import torchvision
     if name not in _TV: raise ValueError(f"unknown data set {name!r}: choose one of {sorted(_TV)}")
     root = Path(root) if root else cache_dir("datasets")
     cls = getattr(torchvision.datasets, _TV[name])
+    alt = _EMBEDDED.get(name, _USE_DIGITS)
     try:
         return cls(str(root), train=train, download=False)
     except (RuntimeError, FileNotFoundError):
         pass
     if not download:
         raise OfflineError(f"{_TV[name]} is not in {root} and download=False. "
-                           f"Offline, {_USE_DIGITS}")
+                           f"Offline, {alt}")
     try:
         return cls(str(root), train=train, download=True)
     except Exception as e:
         raise OfflineError(f"could not download {_TV[name]} ({type(e).__name__}: {str(e)[:200]}). "
-                           f"The network looks unreachable, so {_USE_DIGITS}") from None
+                           f"The network looks unreachable, so {alt}") from None
 
+# %% ../../nbs/01_data.ipynb #a3f2e268
 def load_mnist(train: bool = True, **kw):
-    "MNIST (LeCun et al. 1998) via torchvision, `OfflineError` naming `Digits` when offline."
+    """MNIST (LeCun et al. 1998) via torchvision. Offline: an `OfflineError` naming the embedded
+    `MNIST`."""
     return load_torchvision("mnist", train, **kw)
 def load_fashion_mnist(train: bool = True, **kw):
-    "Fashion-MNIST (Xiao et al. 2017) via torchvision, `OfflineError` naming `Digits` when offline."
+    """Fashion-MNIST (Xiao et al. 2017) via torchvision. Offline: an `OfflineError` naming the
+    embedded `MNIST` and `Digits`."""
     return load_torchvision("fashion_mnist", train, **kw)
 def load_cifar10(train: bool = True, **kw):
-    "CIFAR-10 (Krizhevsky 2009) via torchvision, `OfflineError` naming `Digits` when offline."
+    """CIFAR-10 (Krizhevsky 2009) via torchvision. Offline: an `OfflineError` naming the embedded
+    `MNIST` and `Digits`."""
     return load_torchvision("cifar10", train, **kw)
-
