@@ -57,3 +57,19 @@ def test_bad_input_is_named(bad, msg):
     args = dict(a="a", est_a=0.5, se_a=0.1, b="b", est_b=0.4, se_b=0.1) | bad
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
         Comparison(**args)
+
+
+def test_paired_standard_error_matches_scipys_paired_t_test():
+    from scipy import stats
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        shared = rng.normal(size=64)                              # the noise both measurements share
+        a, b = shared + rng.normal(0.3, 0.2, 64), shared + rng.normal(0.0, 0.2, 64)
+        d = a - b
+        c = Comparison("a", a.mean(), stats.sem(a), "b", b.mean(), stats.sem(b), se_diff=stats.sem(d))
+        assert abs(c.z - stats.ttest_rel(a, b).statistic) < 1e-10
+        # pairing removes the shared noise: the independent z understates the gap
+        assert abs(c.z) > abs(Comparison("a", a.mean(), stats.sem(a), "b", b.mean(), stats.sem(b)).z)
+    assert "difference -1 ± 0.1 paired" in verdict("x", 1.0, 0.5, "y", 2.0, 0.5, se_diff=0.1)
+    with pytest.raises(ValueError, match="x - y: the standard error must be a finite number >= 0, got -1"):
+        Comparison("x", 1.0, 0.5, "y", 2.0, 0.5, se_diff=-1)

@@ -237,13 +237,30 @@ def test_classifier_accuracy_and_judge():
     v = Digits("valid", size=16)
     assert clf.features(v.images[:5]).shape == (5, 128) and clf.features(v.images[:5]).dtype == torch.float32
     r = judge_samples(v.images, clf)
-    assert set(r) == {"confident_rate", "class_shares", "n"} and r["n"] == len(v)
+    assert set(r) == {"confident_rate", "confident_rate_se", "entropy", "entropy_se", "class_shares", "n"}
+    assert r["n"] == len(v)
     assert abs(sum(r["class_shares"]) - 1) < 1e-9 and len(r["class_shares"]) == 10
     assert r["confident_rate"] > 0.8
     r8 = judge_samples(Digits("valid", size=8, dtype="uint8").images, clf)           # uint8 and 8x8 work too
     assert r8["confident_rate"] > 0.7
     noise = judge_samples(torch.rand(200, 1, 16, 16) * 2 - 1, clf)
     assert noise["confident_rate"] < r["confident_rate"] - 0.3
+    assert noise["entropy"] > r["entropy"] + 10 * (noise["entropy_se"] + r["entropy_se"])
+
+
+def test_judge_entropy_and_standard_errors_match_scipy():
+    from scipy import stats
+    clf = load_digits_classifier()
+    x = Digits("valid", size=16).images[:100]
+    r = judge_samples(x, clf)
+    with torch.no_grad():
+        probs = torch.softmax(clf(x), -1).double().numpy()
+    bits = stats.entropy(probs, base=2, axis=1)                       # the reference
+    assert abs(r["entropy"] - bits.mean()) < 1e-6
+    assert abs(r["entropy_se"] - stats.sem(bits)) < 1e-6
+    p = r["confident_rate"]
+    assert abs(r["confident_rate_se"] - (p * (1 - p) / 100) ** 0.5) < 1e-12
+    assert 0 <= r["entropy"] <= math.log2(10)
     with pytest.raises(ValueError, match="expects"): judge_samples(torch.zeros(0, 1, 16, 16), clf)
     with pytest.raises(ValueError, match="square grey"): clf(torch.zeros(2, 3, 16, 16))
 

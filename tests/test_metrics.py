@@ -297,3 +297,25 @@ def test_cli_folders(tmp_path):
     assert "150 samples for 128 feature dimensions" not in err  # 150 > 128: no warning
     # the folder gives the same FID as the tensor it was written from (PNG is lossless)
     assert rel(metrics.fid_of_samples(x), r["fid"]) < 1e-9
+
+
+# --- the memorisation check (lesson 33) ---------------------------------------------------------------------------
+def test_nn_distances_match_sklearn_nearest_neighbors():
+    from sklearn.neighbors import NearestNeighbors
+    from course_lib.metrics import nn_distances
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randint(0, 256, (300, 1, 8, 8), generator=g, dtype=torch.uint8)
+    x = torch.randint(0, 256, (70, 1, 8, 8), generator=g, dtype=torch.uint8)
+    ours = nn_distances(x, ref, batch_size=16)                       # several batches
+    nn = NearestNeighbors(n_neighbors=1).fit(ref.flatten(1).double().numpy() / 255)
+    theirs = nn.kneighbors(x.flatten(1).double().numpy() / 255)[0][:, 0]
+    assert ours.dtype == torch.float64 and ours.shape == (70,)
+    np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-9, atol=1e-12)
+    # float images in [-1, 1] are the same pixels
+    torch.testing.assert_close(nn_distances(x.float() / 127.5 - 1, ref.float() / 127.5 - 1), ours)
+    # a copier is caught: copies of the reference sit at distance 0
+    assert nn_distances(ref[:10], ref).max() == 0
+    with pytest.raises(ValueError, match="images of two sizes"):
+        nn_distances(x, torch.zeros(3, 1, 16, 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="needs images on both sides, got 0 and 300"):
+        nn_distances(x[:0], ref)

@@ -22,6 +22,14 @@ for _p in sorted((ROOT / "units").iterdir()):
     try: UNITS.append(load_unit(_p, ROOT / "nbs"))
     except ValueError as e: BROKEN.append((_p.name, str(e)))   # reported by test_unit_files_valid
 CASES = [(u, nb) for u in UNITS for nb in u.notebooks]
+# The library's notebooks run several to a Python process (tests/run_in_process.py, execnb's shell, as nbdev_test
+# runs them): a kernel of their own costs each about ten seconds of start-up and imports, most of its time, and the
+# library has over a hundred of them. The lessons keep a kernel each (nbval), as a learner's Jupyter runs them.
+ISOLATED = {"09_device_probe": "it installs the device probe, a setting of the whole process: a kernel of its own"}
+IN_PROCESS = [(u, nb) for u, nb in CASES if u.is_library and nb.stem not in ISOLATED]
+KERNEL_CASES = [(u, nb) for u, nb in CASES if (u, nb) not in IN_PROCESS]
+N_GROUPS = 6                                   # a group takes about a minute: xdist balances them
+GROUPS = [IN_PROCESS[i::N_GROUPS] for i in range(N_GROUPS)]
 # The quick-profile budget is 2 minutes a notebook on 2 idle cores; the limit here is looser (CI machines are
 # shared and two notebooks run at once) so that only a notebook far over budget fails.
 BUDGET = int(os.environ.get("COURSE_LIB_NB_BUDGET", "360"))
@@ -113,7 +121,7 @@ def failure_reason(out: str, nb_name: str, slug: str) -> str:
 # (course_lib.course.run_records: `course run` checks them too, and the README tables count them)
 
 
-@pytest.mark.parametrize("unit,nb", CASES, ids=[f"{u.name}/{nb.name}" for u, nb in CASES])
+@pytest.mark.parametrize("unit,nb", KERNEL_CASES, ids=[f"{u.name}/{nb.name}" for u, nb in KERNEL_CASES])
 def test_notebook_runs_quick(unit, nb, tmp_path):
     copy = quick_copy(unit, nb, tmp_path)
     env = dict(os.environ, COURSE_LIB_NOTEBOOK=nb.stem, COURSE_LIB_RESULTS=str(tmp_path / "results.json"),
@@ -154,6 +162,36 @@ def test_notebook_runs_quick(unit, nb, tmp_path):
         pytest.fail(f"a headline figure misses its bar (units/{unit.name}/unit.toml, [bars.quick.\"{nb.stem}\"]; the "
                     f"bounds come from seeds 0-2, see the comments there). Reproduce with "
                     f"`course run {unit.slug} --profile quick`:\n" + "\n".join(bad), pytrace=False)
+
+
+@pytest.mark.parametrize("group", range(N_GROUPS), ids=[f"library-{i}" for i in range(N_GROUPS)])
+def test_library_notebooks_run_quick_in_process(group, tmp_path):
+    """Each library notebook of the group runs top to bottom with the quick profile (a cell that raises fails it),
+    the output of its `# NBVAL_CHECK_OUTPUT` cells equals the stored one, and it stays within the time budget."""
+    cases, copies = GROUPS[group], []
+    for unit, nb in cases:
+        (tmp_path / nb.stem).mkdir()
+        copies.append(str(quick_copy(unit, nb, tmp_path / nb.stem)))
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, str(ROOT / "tests" / "run_in_process.py"), str(report), *copies]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=2 * BUDGET)
+        tail = (r.stdout + r.stderr)[-3000:]
+    except subprocess.TimeoutExpired:
+        tail = f"the group was still running after {2 * BUDGET} s"
+    done = json.loads(report.read_text()) if report.is_file() else {}
+    bad = [f"{nb.name} did not finish: {tail}" for _, nb in cases if nb.name not in done]
+    for name, res in done.items():
+        where = f"reproduce with `python tests/run_in_process.py report.json nbs/{name}` or in Jupyter"
+        if res["error"]:
+            bad.append(f"{name}: a cell raised under the quick profile ({where}):\n{res['error'][-2500:]}")
+        for d in res["differ"]:
+            bad.append(f"{name}: checked output changed: the cell starting `{d['starts']}` (# NBVAL_CHECK_OUTPUT) "
+                       f"printed {d['now']!r}, stored {d['stored']!r}. If intended: `course freeze nbs/{name}`")
+        if res["seconds"] > BUDGET:
+            bad.append(f"{name} exceeds the quick-profile time budget: {res['seconds']:.0f} s > {BUDGET} s")
+    assert not bad, "\n\n".join(bad)
 
 
 def test_every_notebook_is_in_a_unit():
@@ -222,3 +260,28 @@ def test_bars_declared_valid(unit, profile):
             assert m, f"units/{unit.name}/unit.toml: bar {stem}.{name} = {bound!r} is not a string '<op> <expression>'"
             names = {n.id for n in ast.walk(ast.parse(m.group(2), mode="eval")) if isinstance(n, ast.Name)}
             eval_bound(m.group(2), dict.fromkeys(names, 1.0))
+
+
+def test_in_process_runner_reports_a_raised_cell_and_a_changed_checked_output(tmp_path):
+    "The library's runner (tests/run_in_process.py) fails what nbval fails, and only that."
+    def notebook(name, cells):
+        nb = nbformat.v4.new_notebook()
+        for src, stored in cells:
+            c = nbformat.v4.new_code_cell(src)
+            if stored is not None: c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=stored)]
+            nb.cells.append(c)
+        nbformat.write(nb, tmp_path / name)
+        return str(tmp_path / name)
+    good = notebook("good.ipynb", [("x = 2", None), ("# NBVAL_CHECK_OUTPUT\nprint(x + 1)", "3\n"),
+                                   ("print('not checked', id(x))", "other\n"),
+                                   ("s = '# NBVAL_CHECK_OUTPUT'\nprint(s)", None)])
+    changed = notebook("changed.ipynb", [("x = 2", None), ("# NBVAL_CHECK_OUTPUT\nprint(x + 1)", "4\n")])
+    raised = notebook("raised.ipynb", [("x = 2", None), ("assert x == 3, f'x is {x}'", None)])
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, str(ROOT / "tests" / "run_in_process.py"), str(report), good, changed, raised],
+                   cwd=ROOT, check=True, timeout=300)
+    rep = json.loads(report.read_text())
+    assert rep["good.ipynb"]["error"] is None and rep["good.ipynb"]["differ"] == []
+    assert rep["changed.ipynb"]["error"] is None
+    assert [d["now"] for d in rep["changed.ipynb"]["differ"]] == [[["stdout", "3\n"]]]
+    assert "AssertionError" in rep["raised.ipynb"]["error"] and "x is 2" in rep["raised.ipynb"]["error"]

@@ -193,12 +193,13 @@ def test_citations_of_lin_et_al_and_geodiff():
 def _run_trailing_cell(rates: dict, n: int = 512) -> str:
     "Run lesson 13's trailing-vs-leading cell on recorded rates; returns the Markdown it displays."
     src = next("".join(c["source"]) for c in _cells("13_sampling")
-               if c["cell_type"] == "code" and "def versus" in "".join(c["source"]))
+               if c["cell_type"] == "code" and "diffusers' defaults" in "".join(c["source"]))
     def row(name, nfe):
         p = rates[name]
         return {"confident_rate": p, "se": math.sqrt(p * (1 - p) / n)}
     shown = []
-    ns = {"row": row, "pm": lambda r: f"{r['confident_rate']:.3f} ± {r['se']:.3f}", "math": math,
+    from course_lib.core.compare import Comparison
+    ns = {"row": row, "Comparison": Comparison, "math": math,
           "record": lambda *a: None, "Markdown": lambda s: s, "display": shown.append}
     exec(src, ns)
     return shown[0]
@@ -211,10 +212,10 @@ def test_lesson_13s_trailing_sentence_is_written_from_the_run():
              "DPM-Solver++ 2M ODE": figs["confident_dpm-solverpp_2m_ode_20"],
              "DPM-Solver++ 2M ODE, diffusers defaults": figs["confident_dpm-solverpp_2m_ode_defaults_20"]}
     md = _run_trailing_cell(rates)
-    assert md.count("within one standard error, so this run cannot rank them") == 2, md
+    assert md.count("cannot rank trailing and diffusers' defaults") == 2, md
     assert "not for these figures" in md
     wide = _run_trailing_cell({**rates, "DDIM eta=0.0": 0.95})
-    assert "trailing ahead by more than two standard errors" in wide
+    assert "trailing ahead of diffusers' defaults by" in wide and "not for these figures" not in wide
     assert "Start at pure noise" in _text("13_sampling", "markdown")
 
 

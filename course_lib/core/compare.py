@@ -25,10 +25,12 @@ class Comparison:
     """Two independent estimates `est_a` (of `a`) and `est_b` (of `b`) with standard errors
     `se_a`, `se_b` (floats >= 0, in the measure's units). `z`: (est_a - est_b) / sqrt(se_a^2 +
     se_b^2), Welch's statistic written with standard errors
-    (`scipy.stats.ttest_ind_from_stats(..., equal_var=False)` gives the same number).
-    `separated`: `abs(z) > z_needed` (2 by default). `leader`: the better one when separated, by
-    `higher_is_better`, else None. `str()` is the sentence. Raises `ValueError` for a non-finite
-    estimate, a negative or non-finite standard error, two identical names or `z_needed <= 0`."""
+    (`scipy.stats.ttest_ind_from_stats(..., equal_var=False)` gives the same number). `se_diff`:
+    the standard error of `est_a - est_b` when the two are paired (the same samples or noise, e.g.
+    a paired bootstrap), in place of sqrt(se_a^2 + se_b^2). `separated`: `abs(z) > z_needed` (2
+    by default). `leader`: the better one when separated, by `higher_is_better`, else None.
+    `str()` is the sentence. Raises `ValueError` for a non-finite estimate, a negative or
+    non-finite standard error, two identical names or `z_needed <= 0`."""
     a: str
     est_a: float
     se_a: float
@@ -37,27 +39,25 @@ class Comparison:
     se_b: float
     higher_is_better: bool = True
     z_needed: float = 2.0
-
+    se_diff: float | None = None
     def __post_init__(self):
         _check_estimate(self.a, self.est_a, self.se_a)
         _check_estimate(self.b, self.est_b, self.se_b)
         if self.a == self.b:
             raise ValueError(f"two estimates of the same name {self.a!r}: name them apart")
         if not self.z_needed > 0: raise ValueError(f"z_needed must be > 0, got {self.z_needed!r}")
-
+        if self.se_diff is not None: _check_estimate(f"{self.a} - {self.b}", 0.0, self.se_diff)
     @property
     def z(self) -> float:                               # inf: a gap without error
-        gap, se = self.est_a - self.est_b, math.hypot(self.se_a, self.se_b)
+        gap = self.est_a - self.est_b
+        se = math.hypot(self.se_a, self.se_b) if self.se_diff is None else self.se_diff
         return gap / se if se else (0.0 if gap == 0 else math.copysign(math.inf, gap))
-
     @property
     def separated(self) -> bool: return abs(self.z) > self.z_needed
-
     @property
     def leader(self) -> str | None:
         if not self.separated: return None
         return self.a if (self.z > 0) == self.higher_is_better else self.b
-
     def __str__(self) -> str: return _sentence(self)
 
 # %% ../../nbs/09b_compare.ipynb #eb0169b5
@@ -68,6 +68,9 @@ def _fmt(x: float, digits: int) -> str:
 def _sentence(c: Comparison, digits: int = 3) -> str:
     numbers = (f"{c.a} {_fmt(c.est_a, digits)} ± {_fmt(c.se_a, digits)}, "
                f"{c.b} {_fmt(c.est_b, digits)} ± {_fmt(c.se_b, digits)}")
+    if c.se_diff is not None:
+        diff = _fmt(c.est_a - c.est_b, digits)
+        numbers += f", difference {diff} ± {_fmt(c.se_diff, digits)} paired"
     z = abs(c.z)
     gap = "an exact gap (no standard error)" if math.isinf(z) else f"{z:.1f} standard errors"
     if c.leader is None:
@@ -78,9 +81,12 @@ def _sentence(c: Comparison, digits: int = 3) -> str:
 
 
 def verdict(a: str, est_a: float, se_a: float, b: str, est_b: float, se_b: float, *,
-            higher_is_better: bool = True, z_needed: float = 2.0, digits: int = 3) -> str:
+            higher_is_better: bool = True, z_needed: float = 2.0, se_diff: float | None = None,
+            digits: int = 3) -> str:
     """The sentence a run supports about `a` against `b` (see `Comparison`): "B ahead of A by 3.1
     standard errors (A 0.5 ± 0.02, B 0.6 ± 0.02)" when `abs(z) > z_needed`, else "cannot rank A and
     B: 0.8 standard errors apart, 2 needed (...)". Numbers with `digits` significant digits.
-    Raises `ValueError` as `Comparison` does."""
-    return _sentence(Comparison(a, est_a, se_a, b, est_b, se_b, higher_is_better, z_needed), digits)
+    `se_diff`: the paired standard error of the difference, as in `Comparison`. Raises `ValueError`
+    as `Comparison` does."""
+    c = Comparison(a, est_a, se_a, b, est_b, se_b, higher_is_better, z_needed, se_diff)
+    return _sentence(c, digits)

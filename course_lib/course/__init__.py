@@ -10,17 +10,17 @@ __all__ = ['PROFILES', 'KINDS', 'UNIT_KEYS', 'SKIP_FLAGS', 'KERNEL_NAME', 'proje
            'QUICK_DEFAULTS', 'UNIT_PACKAGES', 'ScaffoldError', 'check_new', 'register_notebook', 'title_from',
            'colab_link', 'scaffold', 'export_notebook', 'code_version', 'notebook_hash', 'machine_description',
            'cache_files', 'cache_state', 'run_info', 'stamp_executed', 'stamp_matches', 'executed_matches',
-           'merge_parameters', 'with_current_text', 'find_executed', 'RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END',
-           'PROFILE_NOTE', 'TYPED_TIME', 'run_units', 'recorded_run', 'not_cached', 'run_seconds', 'format_value',
-           'unit_bars', 'eval_bound', 'check_bars', 'is_gpu_run', 'stored_results', 'stored_runs', 'figures_region',
-           'bars_line', 'figure_cell', 'times_line', 'bars_report', 'readme_regions', 'render_readme', 'write_figures',
-           'hand_typed_figures', 'typed_times', 'COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings',
-           'colab_url', 'rewrite_links', 'unit_prerequisites', 'measured_seconds', 'nbformat_cell', 'lesson_notebook',
-           'unit_table', 'home_markdown', 'library_modules', 'api_pages', 'SPHINX_CONF', 'SITE_CSS', 'FAVICON',
-           'MATHJAX_SKIP', 'mathjax_dir', 'execute_missing', 'execution_note', 'write_sources', 'build_site',
-           'TIME_BEGIN', 'TIME_END', 'TYPED_TIME_PARAGRAPH', 'cache_words', 'device_line', 'time_block', 'time_regions',
-           'typed_time_paragraphs', 'untimed_sentences', 'render_time_text', 'render_time', 'write_time_blocks',
-           'time_problems']
+           'merge_parameters', 'with_current_text', 'find_executed', 'INLINE', 'render_inline_figures',
+           'typed_prose_figures', 'RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME', 'run_units',
+           'recorded_run', 'not_cached', 'run_seconds', 'format_value', 'unit_bars', 'eval_bound', 'check_bars',
+           'is_gpu_run', 'stored_results', 'stored_runs', 'figures_region', 'bars_line', 'figure_cell', 'times_line',
+           'bars_report', 'readme_regions', 'render_readme', 'write_figures', 'hand_typed_figures', 'typed_times',
+           'COLAB_BADGE', 'IMAGE_EXTS', 'WIDGET_MIME', 'site_settings', 'colab_url', 'rewrite_links',
+           'unit_prerequisites', 'measured_seconds', 'nbformat_cell', 'lesson_notebook', 'unit_table', 'home_markdown',
+           'library_modules', 'api_pages', 'SPHINX_CONF', 'SITE_CSS', 'FAVICON', 'MATHJAX_SKIP', 'mathjax_dir',
+           'execute_missing', 'execution_note', 'write_sources', 'build_site', 'TIME_BEGIN', 'TIME_END',
+           'TYPED_TIME_PARAGRAPH', 'cache_words', 'device_line', 'time_block', 'time_regions', 'typed_time_paragraphs',
+           'untimed_sentences', 'render_time_text', 'render_time', 'write_time_blocks', 'time_problems']
 
 # %% ../../nbs/92z_course_api.ipynb #b6a9ecbe
 from .units import (
@@ -52,6 +52,10 @@ _all_ = ['code_version', 'notebook_hash', 'machine_description', 'cache_files', 
 from .executed import (
     executed_matches, merge_parameters, with_current_text, find_executed)
 _all_ = ['executed_matches', 'merge_parameters', 'with_current_text', 'find_executed']
+
+# %% ../../nbs/92z_course_api.ipynb #31a030a9
+from .readme_prose import INLINE, render_inline_figures, typed_prose_figures
+_all_ = ['INLINE', 'render_inline_figures', 'typed_prose_figures']
 
 # %% ../../nbs/92z_course_api.ipynb #952e18d5
 from .run_records import (

@@ -12,6 +12,7 @@ from ..core.basics import atomic_write, read_results
 from .units import (
     Unit, NotebookFailed, check_profiles, results_table, run_notebook)
 from .run_stamps import cache_files, run_info, stamp_executed
+from .readme_prose import render_inline_figures
 
 # %% auto #0
 __all__ = ['RUN_KEYS', 'OPS', 'BAR', 'BEGIN', 'END', 'PROFILE_NOTE', 'TYPED_TIME', 'run_units', 'recorded_run', 'not_cached',
@@ -314,9 +315,23 @@ def readme_regions(text: str) -> list[tuple[int, int, str]]:
         out.append((m.start(), end + len(END), m.group(1)))
     return out
 
+# %% ../../nbs/08_run_records.ipynb #100e6c1f
+def _stored_run(unit: Unit, token: str) -> dict[str, Any]:
+    path = unit.path / f"results-{token}.json"
+    if not path.is_file():
+        raise ValueError(f"a figure marker of {unit.path / 'README.md'} names the {token!r} "
+                         f"run, but {path.name} does not exist (`course run {unit.slug}`, then "
+                         "`course readme`)")
+    return json.loads(path.read_text())
+
 def render_readme(unit: Unit, text: str, run: dict[str, Any] | None = None) -> str:
     """README `text` with its figures region rendered from `run` (a `recorded_run`), or, without
-    `run`, each region rendered again from the stored file it names."""
+    `run`, each region rendered again from the stored file it names. Then each figure marker of its
+    prose (`course_lib.course.readme_prose`) is rendered from the results-PROFILE.json it names."""
+    text = _render_regions(unit, text, run)
+    return render_inline_figures(text, lambda token: _stored_run(unit, token))
+
+def _render_regions(unit: Unit, text: str, run: dict[str, Any] | None) -> str:
     regions = readme_regions(text)
     if run is None:
         for start, end, name in reversed(regions):
@@ -332,7 +347,6 @@ def render_readme(unit: Unit, text: str, run: dict[str, Any] | None = None) -> s
         return text[:regions[-1][1]] + "\n\n" + region + text[regions[-1][1]:]
     head = "\n\n## Figures of a recorded run\n\n"
     return text.rstrip() + head + region + "\n"
-
 
 # %% ../../nbs/08_run_records.ipynb #e56505a1
 def write_figures(unit: Unit, results: str | Path | None = None, cached: bool = False,

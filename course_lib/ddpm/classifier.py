@@ -99,10 +99,12 @@ def judge_samples(x: torch.Tensor, classifier: DigitsClassifier | None = None,
                   threshold: float = 0.9, batch_size: int = 512) -> dict:
     """Score generated digits with the course's judge.
 
-    `x`: `(B, 1, H, W)` float in [-1, 1] or uint8 in [0, 255]. Returns `{'confident_rate':
-    fraction of samples whose max softmax probability >= threshold, 'class_shares': list of 10
-    fractions (share of samples predicted as each digit), 'n': B}`. `classifier` defaults to
-    `load_digits_classifier()` (cached per process).
+    `x`: `(B, 1, H, W)` float in [-1, 1] or uint8 in [0, 255]. Returns a dict with
+    'confident_rate' (share of samples whose max softmax probability >= threshold) and its
+    standard error 'confident_rate_se' (sqrt(p(1-p)/B)), 'entropy' (the mean entropy of the
+    judge's class probabilities in bits: 0 = certain, log2(10) = 3.32 = uniform) and its standard
+    error 'entropy_se', 'class_shares' (10 floats: share of samples predicted as each digit) and
+    'n' (B). `classifier` defaults to `load_digits_classifier()` (cached per process).
     Raises `ValueError` for an empty batch or a wrong shape."""
     check_judge_batch(x)
     if classifier is None:
@@ -113,7 +115,11 @@ def judge_samples(x: torch.Tensor, classifier: DigitsClassifier | None = None,
                        for i in range(0, len(x), batch_size)])
     conf, pred = probs.max(1)
     shares = torch.bincount(pred, minlength=10).double() / len(x)
-    return {"confident_rate": float((conf >= threshold).double().mean()),
+    rate = float((conf >= threshold).double().mean())
+    bits = -(probs.double() * torch.log2(probs.double().clamp_min(1e-300))).sum(1)
+    return {"confident_rate": rate, "confident_rate_se": math.sqrt(rate * (1 - rate) / len(x)),
+            "entropy": float(bits.mean()),
+            "entropy_se": float(bits.std() / math.sqrt(len(x))) if len(x) > 1 else math.inf,
             "class_shares": shares.tolist(), "n": len(x)}
 
 # %% ../../nbs/15_training_runs.ipynb #a516fad4

@@ -117,7 +117,9 @@ def sampler_table(model: nn.Module, config: DDPMConfig, runs: Sequence[tuple], n
     `judge`: a function of uint8 images returning `judge_samples`' dict (default `judge_samples`).
     `metrics`: extra columns, name -> function of the uint8 images `(n, C, H, W)` returning a float
     (e.g. the mean pixel value). Returns one dict per run: `sampler`, `nfe`, `seconds`,
-    `s_per_image`, `confident_rate`, `min_share`, `max_share`, then the metric columns."""
+    `s_per_image`, `confident_rate`, `min_share`, `max_share`, `entropy` and `entropy_se` (the
+    judge's mean entropy in bits and its standard error, when the judge gives them), then the
+    metric columns."""
     if judge is None:
         from course_lib.ddpm.classifier import judge_samples as judge
     rows = []
@@ -133,10 +135,12 @@ def sampler_table(model: nn.Module, config: DDPMConfig, runs: Sequence[tuple], n
         row = {"sampler": label, "nfe": steps, "seconds": secs, "s_per_image": secs / n,
                "confident_rate": j["confident_rate"], "min_share": min(j["class_shares"]),
                "max_share": max(j["class_shares"])}
+        row.update({k: j[k] for k in ("entropy", "entropy_se") if k in j})
         for name, fn in (metrics or {}).items(): row[name] = float(fn(u8))
         rows.append(row)
     return rows
 
+# %% ../../nbs/16_ddpm.ipynb #ca047c8e
 def format_table(rows: list[dict]) -> str:
     "A markdown table of `sampler_table` rows (any extra columns are shown too)."
     cols = list(rows[0])
