@@ -8,7 +8,7 @@ whether the output of each `# NBVAL_CHECK_OUTPUT` cell equals the output stored 
 tests/test_notebooks.py runs the library's notebooks this way, a group at a time: a kernel per notebook costs
 about ten seconds of start-up and imports, most of a library notebook's time. Each notebook gets its own
 `COURSE_LIB_NOTEBOOK`, `COURSE_LIB_RESULTS` and `COURSE_LIB_ARTIFACTS` (beside its copy) and runs in its folder;
-`IN_PROCESS_ENV` entries of the environment are restored after it."""
+the whole environment is restored after it."""
 import json, os, re, sys, time, traceback
 from pathlib import Path
 

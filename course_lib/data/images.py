@@ -65,6 +65,15 @@ def split_indices(labels: np.ndarray, valid_frac: float = 0.2,
 
 
 # %% ../../nbs/01_data.ipynb #3357d93a
+def _keep_classes(x: np.ndarray, y: np.ndarray, classes) -> tuple[np.ndarray, np.ndarray]:
+    "`(x, y)` with only the labels in `classes` (digits 0-9), or unchanged when `classes` is None."
+    if classes is None: return x, y
+    classes = [int(c) for c in classes]
+    if bad := [c for c in classes if c not in range(10)]:
+        raise ValueError(f"classes must be digits 0-9, got {bad}")
+    keep = np.isin(y, classes)
+    return x[keep], y[keep]
+
 def _select_digits(split: str, classes, valid_frac: float, seed: int):
     "The digits' `(x, y)` arrays of one split, keeping only `classes` (digits 0-9) when given."
     x, y = digits_arrays()
@@ -72,14 +81,7 @@ def _select_digits(split: str, classes, valid_frac: float, seed: int):
         tr, va = split_indices(y, valid_frac, seed)
         idx = tr if split == "train" else va
         x, y = x[idx], y[idx]
-    if classes is not None:
-        classes = [int(c) for c in classes]
-        bad = [c for c in classes if c not in range(10)]
-        if bad: raise ValueError(f"classes must be digits 0-9, got {bad}")
-        keep = np.isin(y, classes)
-        x, y = x[keep], y[keep]
-    return x, y
-
+    return _keep_classes(x, y, classes)
 
 # %% ../../nbs/01_data.ipynb #dcbffef7
 class Digits(Dataset):

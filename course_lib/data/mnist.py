@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .images import _check_choice, to_float
+from .images import _check_choice, _keep_classes, to_float
 
 # %% auto #0
 __all__ = ['MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays', 'mnist_split_indices', 'MNIST']
@@ -44,11 +44,11 @@ def mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
 # %% ../../nbs/01a_mnist.ipynb #14a267ab
 MNIST_SPLITS = {"train": 4000, "valid": 500, "test": 500}
 
-def mnist_split_indices() -> dict[str, np.ndarray]:
+def mnist_split_indices(labels: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Indices into `mnist_arrays()` of the fixed splits, sorted: 'train' (400 a class), 'valid' and
     'test' (50 a class each), stratified and drawn with seed 0. The three are disjoint and
-    together hold all 5,000."""
-    _, labels = mnist_arrays()
+    together hold all 5,000. `labels`: `mnist_arrays()[1]` when the caller has read it already."""
+    if labels is None: labels = mnist_arrays()[1]
     rng = np.random.default_rng(0)
     out = {"train": [], "valid": [], "test": []}
     for c in range(10):
@@ -79,13 +79,9 @@ class MNIST(Dataset):
             _check_choice(name, value, choices)
         x, y = mnist_arrays()
         if split != "all":
-            idx = mnist_split_indices()[split]
+            idx = mnist_split_indices(y)[split]
             x, y = x[idx], y[idx]
-        if classes is not None:
-            if bad := [c for c in classes if c not in range(10)]:
-                raise ValueError(f"classes must be digits 0-9, got {bad}")
-            keep = np.isin(y, [int(c) for c in classes])
-            x, y = x[keep], y[keep]
+        x, y = _keep_classes(x, y, classes)
         imgs = torch.from_numpy(x)[:, None]
         if size == 32: imgs = F.pad(imgs, (2, 2, 2, 2))
         if channels == 3: imgs = imgs.repeat(1, 3, 1, 1)
