@@ -10,7 +10,6 @@ import atexit, collections, functools, json, os
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, return_and_correct_aliasing
-from torch.utils._pytree import tree_flatten, tree_map
 
 from .basics import patch_to
 
@@ -132,32 +131,67 @@ def _check_mixing(name, flat, probes):
 
 def _check_dtype(name, out):
     if _state["kind"] != "mps": return
-    for t in tree_flatten(out)[0]:
+    for t in _leaves((out,), {}):
         if isinstance(t, torch.Tensor) and t.dtype in (torch.float64, torch.complex128):
             raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework "
                             "doesn't support float64. Please use float32 instead. "
                             f"(in {name})")
 
+# %% ../../nbs/09_device_probe.ipynb #0188d141
+def _leaves(args, kwargs) -> list:
+    "An aten call's argument values, lists opened (aten nests tensors no deeper: `Tensor[]`)."
+    flat = []
+    for a in (*args, *kwargs.values()):
+        if type(a) is list or type(a) is tuple: flat.extend(a)
+        else: flat.append(a)
+    return flat
+
+
+def _unwrap(a):
+    if isinstance(a, ProbeTensor): return a.elem
+    if type(a) is list or type(a) is tuple: return type(a)(map(_unwrap, a))
+    return a
+
+
+def _wrap(o):
+    if type(o) is torch.Tensor: return ProbeTensor(o)
+    if type(o) is list or type(o) is tuple: return type(o)(map(_wrap, o))
+    return o
+
+
+@functools.cache
+def _aliases(func) -> str | None:
+    """How an op's outputs alias its inputs: None (fresh tensors), 'self' (in-place, returning
+    its first argument, as `add_`) or 'other' (views, out= ops)."""
+    s = func._schema
+    if all(a.alias_info is None for a in (*s.arguments, *s.returns)): return None
+    first, ret = s.arguments[0].alias_info, [r.alias_info for r in s.returns]
+    in_place = (len(ret) == 1 and ret[0] is not None and ret[0].is_write and first is not None
+                and first.is_write and not s.arguments[0].kwarg_only)
+    return "self" if in_place and ret[0].before_set == first.before_set else "other"
+
+
 # %% ../../nbs/09_device_probe.ipynb #2c0ea5b6
 def _dispatch(func, args, kwargs):
-    flat, _ = tree_flatten((args, kwargs))
+    flat = _leaves(args, kwargs)
     probes = [a for a in flat if isinstance(a, ProbeTensor)]
     dev = kwargs.get("device")
     if dev is not None: _fail_foreign(dev)
     on_probe = _is_probe_device(dev) if dev is not None else bool(probes)
     name = func._schema.name
     _check_mixing(name, flat, probes)
-    unwrap = lambda a: a.elem if isinstance(a, ProbeTensor) else a
-    uargs, ukwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+    uargs, ukwargs = _unwrap(args), {k: _unwrap(v) for k, v in kwargs.items()}
     if dev is not None and on_probe: ukwargs["device"] = torch.device("cpu")
     out = func(*uargs, **ukwargs)
     if not on_probe: return out                      # .cpu(), .to('cpu'), plain CPU work
     _state["ops"][name] += 1
     if _state["log"] and ops_on_device() in _LOG_AT: _write_log(_state["log"])
     _check_dtype(name, out)
-    wrap = lambda o: ProbeTensor(o) if type(o) is torch.Tensor else o
-    wrapped = tree_map(wrap, out)
-    return return_and_correct_aliasing(func, args, kwargs, wrapped) if probes else wrapped
+    wrapped = _wrap(out)
+    # views, in-place and out= ops return (views of) their probe inputs, as torch.compile expects
+    alias = _aliases(func) if probes else None
+    if alias is None: return wrapped
+    return args[0] if alias == "self" else return_and_correct_aliasing(func, args, kwargs, wrapped)
 
 # %% ../../nbs/09_device_probe.ipynb #450f998d
 class ProbeMode(TorchDispatchMode):
@@ -177,7 +211,7 @@ class _GeneratorCheck(TorchFunctionMode):
             dev = kwargs.get("device")
             if dev is not None: on_probe = _is_probe_device(dev)
             else:
-                flat = tree_flatten((args, kwargs))[0]
+                flat = _leaves(args, kwargs)
                 on_probe = any(isinstance(a, ProbeTensor) for a in flat)
             want = _state["kind"] if on_probe else "cpu"
             got = _state["kind"] if isinstance(g, ProbeGenerator) else "cpu"

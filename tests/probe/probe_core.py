@@ -70,6 +70,23 @@ def test_in_place_on_a_view_reaches_the_base():
     assert x.cpu()[0].tolist() == [5.0, 5.0, 5.0] and x.cpu()[1].tolist() == [0.0, 0.0, 0.0]
 
 
+def test_in_place_views_and_out_ops_return_what_the_device_returns():
+    "The probe's fast paths (in-place ops return their first argument; views, out= and list ops) as on a GPU."
+    x, o = torch.ones(2, 3, device=DEV), torch.empty(2, 3, device=DEV)
+    assert x.add_(1.0) is x and x.mul_(2.0) is x and x.cpu().eq(4.0).all()
+    assert torch.add(x, 1.0, out=o) is o and o.cpu().eq(5.0).all()
+    v = x.view(-1)
+    assert v.device.type == DEV and v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    v[0] = -1.0
+    assert x.cpu()[0, 0] == -1.0, "a write through a view reaches its base"
+    parts = torch.split(torch.arange(6.0, device=DEV), [2, 4])
+    assert type(parts) is tuple and [p.device.type for p in parts] == [DEV, DEV]
+    assert torch.cat(list(parts)).cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    y = torch.zeros(3, device=DEV)
+    torch._foreach_add_([y, y], 1.0)
+    assert y.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
 @pytest.mark.skipif(DEV != "mps", reason="MPS rule")
 def test_no_float64_on_mps():
     with pytest.raises(TypeError, match="float64"):
