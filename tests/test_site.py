@@ -179,7 +179,9 @@ def test_internal_links_and_images_resolve(site):
                 if not target.is_file():
                     bad.append(f"{page.relative_to(d)}: {kind} {ref} -> missing file"); continue
                 if frag and target.suffix == ".html":
-                    ids = cache.setdefault(target, _parse(target).ids if target != page.resolve() else refs.ids)
+                    if target not in cache:      # (setdefault would parse the target at every link)
+                        cache[target] = _parse(target).ids if target != page.resolve() else refs.ids
+                    ids = cache[target]
                     if frag not in ids: bad.append(f"{page.relative_to(d)}: {kind} {ref} -> no #{frag}")
     assert not bad, "broken references:\n" + "\n".join(bad[:40])
 
@@ -385,16 +387,39 @@ def browser(site, tmp_path_factory):
         ctx.close(); pw.stop(); server.shutdown(); server.server_close()
 
 
-def _visit(ctx, url):
-    "Open `url`; returns (page, problems): console errors, uncaught exceptions, failed or 4xx/5xx requests."
-    page, problems = ctx.new_page(), []
+def _listen(page, problems: list):
+    "Collect into `problems` the page's console errors, uncaught exceptions, failed or 4xx/5xx requests."
     page.on("console", lambda m: problems.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
     page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+
+
+def _visit(ctx, url):
+    "Open `url`; returns (page, problems): console errors, uncaught exceptions, failed or 4xx/5xx requests."
+    page, problems = ctx.new_page(), []
+    _listen(page, problems)
     page.goto(url, wait_until="load")
     page.wait_for_load_state("networkidle")
     return page, problems
+
+
+def _visit_all(ctx, urls, js=None, batch=8):
+    """{url: (problems, result of the script `js` on the loaded page or None)} for every url, as `_visit` opens
+    one. Pages open `batch` at a time, so their networkidle waits (half a second each after the load) overlap."""
+    out = {}
+    for i in range(0, len(urls), batch):
+        opened = []
+        for u in urls[i:i + batch]:
+            page, problems = ctx.new_page(), []
+            _listen(page, problems)
+            page.goto(u, wait_until="load")
+            opened.append((u, page, problems))
+        for u, page, problems in opened:
+            page.wait_for_load_state("networkidle")
+            out[u] = (problems, page.evaluate(js) if js else None)
+            page.close()
+    return out
 
 
 FIGURES_JS = """() => {
@@ -422,22 +447,20 @@ def _expected_figures(executed: Path | None) -> int:
 def test_every_page_loads_without_console_errors(browser):
     ctx, base, d = browser
     report = []
-    for p in _pages(d):
-        page, problems = _visit(ctx, base + p.relative_to(d).as_posix())
-        page.close()
-        report += [f"{p.relative_to(d)}: {x}" for x in problems]
-    assert not report, "pages with errors in the browser:\n" + "\n".join(report[:40])
+    seen = _visit_all(ctx, [base + p.relative_to(d).as_posix() for p in _pages(d)])
+    for u, (problems, _) in seen.items():
+        report += [f"{u[len(base):]}: {x}" for x in problems]
+    assert len(seen) == len(_pages(d)) and not report, "pages with errors in the browser:\n" + "\n".join(report[:40])
 
 
 def test_every_lesson_shows_its_figures(browser, site):
     ctx, base, d = browser
     _, executed_dir, units = site
     missing = []
-    for u, nb, html_page in _lessons(d, units):
-        page, _ = _visit(ctx, base + html_page.relative_to(d).as_posix())
-        page.wait_for_timeout(200)
-        f = page.evaluate(FIGURES_JS)
-        page.close()
+    lessons = _lessons(d, units)
+    seen = _visit_all(ctx, [base + h.relative_to(d).as_posix() for _, _, h in lessons], js=FIGURES_JS)
+    for u, nb, html_page in lessons:
+        f = seen[base + html_page.relative_to(d).as_posix()][1]
         shown = f["shown"] + f["svgs"]
         expected = _expected_figures(find_executed(u, nb, PROFILE, [executed_dir]))
         if f["broken"]: missing.append(f"{nb.name}: images that do not render: {f['broken']}")
