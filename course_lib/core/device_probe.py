@@ -138,38 +138,28 @@ def _check_dtype(name, out):
                             f"(in {name})")
 
 # %% ../../nbs/09_device_probe.ipynb #0188d141
+_SEQ = (list, tuple)          # aten nests tensors no deeper than a list (`Tensor[]`)
 def _leaves(args, kwargs) -> list:
-    "An aten call's argument values, lists opened (aten nests tensors no deeper: `Tensor[]`)."
-    flat = []
-    for a in (*args, *kwargs.values()):
-        if type(a) is list or type(a) is tuple: flat.extend(a)
-        else: flat.append(a)
-    return flat
-
+    "An aten call's argument values, lists opened."
+    return [x for a in (*args, *kwargs.values()) for x in (a if type(a) in _SEQ else (a,))]
 
 def _unwrap(a):
-    if isinstance(a, ProbeTensor): return a.elem
-    if type(a) is list or type(a) is tuple: return type(a)(map(_unwrap, a))
-    return a
-
+    if type(a) in _SEQ: return type(a)(map(_unwrap, a))
+    return a.elem if isinstance(a, ProbeTensor) else a
 
 def _wrap(o):
-    if type(o) is torch.Tensor: return ProbeTensor(o)
-    if type(o) is list or type(o) is tuple: return type(o)(map(_wrap, o))
-    return o
-
+    if type(o) in _SEQ: return type(o)(map(_wrap, o))
+    return ProbeTensor(o) if type(o) is torch.Tensor else o
 
 @functools.cache
 def _aliases(func) -> str | None:
-    """How an op's outputs alias its inputs: None (fresh tensors), 'self' (in-place, returning
-    its first argument, as `add_`) or 'other' (views, out= ops)."""
+    "None: fresh outputs; 'self': in place, returns its first input (`add_`); 'other': views, out=."
     s = func._schema
     if all(a.alias_info is None for a in (*s.arguments, *s.returns)): return None
     first, ret = s.arguments[0].alias_info, [r.alias_info for r in s.returns]
     in_place = (len(ret) == 1 and ret[0] is not None and ret[0].is_write and first is not None
                 and first.is_write and not s.arguments[0].kwarg_only)
     return "self" if in_place and ret[0].before_set == first.before_set else "other"
-
 
 # %% ../../nbs/09_device_probe.ipynb #2c0ea5b6
 def _dispatch(func, args, kwargs):
@@ -187,11 +177,10 @@ def _dispatch(func, args, kwargs):
     _state["ops"][name] += 1
     if _state["log"] and ops_on_device() in _LOG_AT: _write_log(_state["log"])
     _check_dtype(name, out)
-    wrapped = _wrap(out)
-    # views, in-place and out= ops return (views of) their probe inputs, as torch.compile expects
-    alias = _aliases(func) if probes else None
-    if alias is None: return wrapped
-    return args[0] if alias == "self" else return_and_correct_aliasing(func, args, kwargs, wrapped)
+    alias = _aliases(func) if probes else None          # views, in-place and out= ops
+    if alias is None: return _wrap(out)
+    if alias == "self": return args[0]
+    return return_and_correct_aliasing(func, args, kwargs, _wrap(out))
 
 # %% ../../nbs/09_device_probe.ipynb #450f998d
 class ProbeMode(TorchDispatchMode):
@@ -210,9 +199,7 @@ class _GeneratorCheck(TorchFunctionMode):
         if g is not None:
             dev = kwargs.get("device")
             if dev is not None: on_probe = _is_probe_device(dev)
-            else:
-                flat = _leaves(args, kwargs)
-                on_probe = any(isinstance(a, ProbeTensor) for a in flat)
+            else: on_probe = any(isinstance(a, ProbeTensor) for a in _leaves(args, kwargs))
             want = _state["kind"] if on_probe else "cpu"
             got = _state["kind"] if isinstance(g, ProbeGenerator) else "cpu"
             if want != got:
