@@ -37,6 +37,18 @@ def test_the_sentence_follows_the_evidence():
     assert Comparison("x", 1.0, 0.0, "y", 1.0, 0.0).leader is None
 
 
+
+def test_a_measure_without_a_better_side_says_which_is_higher():
+    "33's memorisation check: samples farther from the training digits than held-out digits are is no merit."
+    d = "distance to the nearest training digit"
+    s = verdict("samples", 1.43, 0.02, "held-out digits", 1.04, 0.03, measure=d)
+    assert s.startswith(f"samples above held-out digits in {d} by 10.8 standard errors"), s
+    s = verdict("samples", 0.9, 0.02, "held-out digits", 1.04, 0.03, measure=d)
+    assert s.startswith(f"held-out digits above samples in {d} by 3.9"), s
+    s = verdict("samples", 1.05, 0.02, "held-out digits", 1.04, 0.03, measure=d)
+    assert s.startswith(f"cannot tell samples and held-out digits apart in {d}: 0.3 standard errors"), s
+    assert "ahead" not in s and Comparison("a", 1.0, 0.1, "b", 0.5, 0.1, measure=d).leader == "a"
+
 def test_the_threshold_is_strict_and_settable():
     c = Comparison("a", 2.0, 0.5, "b", 0.0, 0.0)          # exactly 4 standard errors
     assert c.z == 4 and c.separated and c.leader == "a"

@@ -19,6 +19,15 @@ def _check_estimate(name: str, est, se) -> tuple[float, float]:
         raise ValueError(f"{name}: the standard error must be a finite number >= 0, got {se!r}")
     return float(est), float(se)
 
+
+def _check_comparison(c) -> None:
+    "A `ValueError` for a bad estimate or standard error, two identical names or `z_needed <= 0`."
+    _check_estimate(c.a, c.est_a, c.se_a)
+    _check_estimate(c.b, c.est_b, c.se_b)
+    if c.a == c.b: raise ValueError(f"two estimates of the same name {c.a!r}: name them apart")
+    if not c.z_needed > 0: raise ValueError(f"z_needed must be > 0, got {c.z_needed!r}")
+    if c.se_diff is not None: _check_estimate(f"{c.a} - {c.b}", 0.0, c.se_diff)
+
 # %% ../../nbs/09b_compare.ipynb #9ee2ae98
 @dataclass(frozen=True)
 class Comparison:
@@ -29,8 +38,10 @@ class Comparison:
     the standard error of `est_a - est_b` when the two are paired (the same samples or noise, e.g.
     a paired bootstrap), in place of sqrt(se_a^2 + se_b^2). `separated`: `abs(z) > z_needed` (2
     by default). `leader`: the better one when separated, by `higher_is_better`, else None.
-    `str()` is the sentence. Raises `ValueError` for a non-finite estimate, a negative or
-    non-finite standard error, two identical names or `z_needed <= 0`."""
+    `measure`: the name of a quantity with no better side (a distance, a share): the sentence
+    then says which is higher in it. `str()` is the sentence. Raises `ValueError` for a
+    non-finite estimate, a negative or non-finite standard error, two identical names or
+    `z_needed <= 0`."""
     a: str
     est_a: float
     se_a: float
@@ -40,13 +51,8 @@ class Comparison:
     higher_is_better: bool = True
     z_needed: float = 2.0
     se_diff: float | None = None
-    def __post_init__(self):
-        _check_estimate(self.a, self.est_a, self.se_a)
-        _check_estimate(self.b, self.est_b, self.se_b)
-        if self.a == self.b:
-            raise ValueError(f"two estimates of the same name {self.a!r}: name them apart")
-        if not self.z_needed > 0: raise ValueError(f"z_needed must be > 0, got {self.z_needed!r}")
-        if self.se_diff is not None: _check_estimate(f"{self.a} - {self.b}", 0.0, self.se_diff)
+    measure: str | None = None
+    def __post_init__(self): _check_comparison(self)
     @property
     def z(self) -> float:                               # inf: a gap without error
         gap = self.est_a - self.est_b
@@ -73,8 +79,13 @@ def _sentence(c: Comparison, digits: int = 3) -> str:
         numbers += f", difference {diff} ± {_fmt(c.se_diff, digits)} paired"
     z = abs(c.z)
     gap = "an exact gap (no standard error)" if math.isinf(z) else f"{z:.1f} standard errors"
-    if c.leader is None:
-        return f"cannot rank {c.a} and {c.b}: {gap} apart, {c.z_needed:g} needed ({numbers})"
+    if not c.separated:
+        what = f"rank {c.a} and {c.b}"
+        if c.measure: what = f"tell {c.a} and {c.b} apart in {c.measure}"
+        return f"cannot {what}: {gap} apart, {c.z_needed:g} needed ({numbers})"
+    if c.measure:
+        hi, lo = (c.a, c.b) if c.z > 0 else (c.b, c.a)
+        return f"{hi} above {lo} in {c.measure} by {gap} ({numbers})"
     other = c.b if c.leader == c.a else c.a
     return f"{c.leader} ahead of {other} by {gap} ({numbers})"
 
@@ -82,11 +93,11 @@ def _sentence(c: Comparison, digits: int = 3) -> str:
 
 def verdict(a: str, est_a: float, se_a: float, b: str, est_b: float, se_b: float, *,
             higher_is_better: bool = True, z_needed: float = 2.0, se_diff: float | None = None,
-            digits: int = 3) -> str:
+            measure: str | None = None, digits: int = 3) -> str:
     """The sentence a run supports about `a` against `b` (see `Comparison`): "B ahead of A by 3.1
     standard errors (A 0.5 ± 0.02, B 0.6 ± 0.02)" when `abs(z) > z_needed`, else "cannot rank A and
     B: 0.8 standard errors apart, 2 needed (...)". Numbers with `digits` significant digits.
-    `se_diff`: the paired standard error of the difference, as in `Comparison`. Raises `ValueError`
-    as `Comparison` does."""
-    c = Comparison(a, est_a, se_a, b, est_b, se_b, higher_is_better, z_needed, se_diff)
+    `se_diff`: the paired standard error of the difference, `measure`: the name of a quantity with
+    no better side, as in `Comparison`. Raises `ValueError` as `Comparison` does."""
+    c = Comparison(a, est_a, se_a, b, est_b, se_b, higher_is_better, z_needed, se_diff, measure)
     return _sentence(c, digits)

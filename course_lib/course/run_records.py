@@ -274,14 +274,9 @@ def bars_line(unit: Unit, run: dict[str, Any]) -> str:
 
 # %% ../../nbs/08_run_records.ipynb #a715fcb8
 def figure_cell(name: str, v: Any, profile: str) -> str:
-    """The table cell of the recorded figure `name` = `v` of a `profile` run: `format_value(v)`,
-    and for a `..._bars_met` figure of a run other than the full profile, that those bars are the
-    full profile's, which this profile's smaller runs are not held to."""
-    cell = format_value(v)
-    if name.endswith("bars_met") and profile != "full":
-        cell += (f" (the full profile's bars, asserted only there: the {profile} profile's smaller "
-                 "runs are not held to them)")
-    return cell
+    """The table cell of the recorded figure `name` = `v` of a `profile` run: `format_value(v)`
+    (a `..._bars_met` figure is the run's own: each profile's notebooks assert their own bars)."""
+    return format_value(v)
 
 def times_line(run: dict[str, Any]) -> str:
     "The wall time of each notebook of `run` and their total, with the cache and load it ran at."
