@@ -3,8 +3,8 @@
 
     python tools/untrained_bars.py [--units ddpm score eval] [--out runs/untrained] [--trained]
 
-Each notebook of the units runs with the quick profile (as tests/test_notebooks.py injects it), one after another
-in this process, each in a fresh IPython shell (execnb's `CaptureShell`), with every optimizer's step undone: a
+Each notebook of the units runs with the quick profile (injected by tests/test_notebooks.py's `quick_copy`),
+one after another in this process, each in a fresh IPython shell (execnb's `CaptureShell`), with every optimizer's step undone: a
 step hook of torch.optim puts each parameter back to its value before the first step, so every model the
 notebooks train (the course's DDPM, 10a's two UNets, the score models, the digits NCSN) keeps its initialisation
 with the configuration, batches and number of steps it would have trained with. The judge the lessons share
@@ -48,18 +48,11 @@ def freeze_every_optimizer():
     return register_optimizer_step_pre_hook(keep), register_optimizer_step_post_hook(undo)
 
 
-def quick_notebook(unit, nb_path: Path):
-    "The notebook (execnb's reader) with the quick profile's values injected after its parameters cell."
-    from execnb.nbio import dict2nb, read_nb
-    from course_lib.course import SKIP_FLAGS, drop_flagged_cells, notebook_parameters
-    nb = drop_flagged_cells(read_nb(nb_path), set(SKIP_FLAGS))
-    params = {k: v for k, v in unit.params(nb_path, "quick").items() if k in notebook_parameters(nb_path)}
-    idx = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
-    if params and idx is not None:
-        src = "\n".join(f"{k} = {v!r}" for k, v in params.items())
-        cell = dict2nb({"cells": [{"cell_type": "code", "source": src, "metadata": {}, "outputs": [],
-                                   "execution_count": None}]}).cells[0]
-        nb.cells.insert(idx + 1, cell)
+def quick_notebook(unit, nb_path: Path, work: Path):
+    "The notebook (execnb's reader) with the quick profile injected as the tests inject it (`quick_copy`)."
+    from execnb.nbio import read_nb
+    from test_notebooks import quick_copy
+    nb = read_nb(quick_copy(unit, nb_path, work))
     for i, c in enumerate(nb.cells): c.idx_ = i
     return nb
 
@@ -75,7 +68,7 @@ def run_notebook(unit, nb_path: Path, out: Path) -> dict:
     keep = dict(os.environ)
     os.environ.update(COURSE_LIB_NOTEBOOK=nb_path.stem, COURSE_LIB_RESULTS=str(results),
                       COURSE_LIB_ARTIFACTS=str(work / "artifacts"))
-    nb, shell, failed = quick_notebook(unit, nb_path), CaptureShell(nb_path), []
+    nb, shell, failed = quick_notebook(unit, nb_path, work), CaptureShell(nb_path), []
     stored = {c.idx_: comparable(c.get("outputs", [])) for c in nb.cells
               if c.cell_type == "code" and checked(c.source)}
     for c in nb.cells:
