@@ -4,12 +4,12 @@
     python tools/untrained_bars.py [--units ddpm score eval] [--out runs/untrained] [--trained]
 
 Each notebook of the units runs with the quick profile (injected by tests/test_notebooks.py's `quick_copy`),
-one after another in this process, each in a fresh IPython shell (execnb's `CaptureShell`), with every optimizer's step undone: a
-step hook of torch.optim puts each parameter back to its value before the first step, so every model the
+one after another in this process, each in a fresh IPython shell (execnb's `CaptureShell`), with every
+optimizer's step undone: a step hook of torch.optim puts each parameter back to its value before the first step, so every model the
 notebooks train (the course's DDPM, 10a's two UNets, the score models, the digits NCSN) keeps its initialisation
 with the configuration, batches and number of steps it would have trained with. The judge the lessons share
 (the digits classifier, `load_digits_classifier()`) is trained first, before the hook: it is the measure, not a
-model under test. Notebook 12 trains its own classifier under the hook, so its checks see an untrained judge.
+model under test (notebook 12's quick classifier has the judge's configuration, so it loads that one).
 Models and statistics go to a course cache of their own (`OUT/cache`, shipped models off), so nothing trained
 is read or overwritten.
 
@@ -17,8 +17,8 @@ Every cell runs even after one raises, so each failing check is listed (an `asse
 `# NBVAL_CHECK_OUTPUT` cell whose output is not the stored one, as the tests compare it); then each bar
 of the unit's `[bars.quick."<notebook>"]` (units/*/unit.toml) is checked on the figures the notebook recorded.
 A bar meant to judge a model should fail here. `--trained` runs the same without the hook (every bar and check
-should then hold). Writes `OUT/report.json` and prints a table; takes about as long as `course run` of the
-units' quick profiles (10 minutes on 2 cores). Not run by the tests: it is the evidence behind the bars."""
+should then hold). Writes `OUT/report.json` and prints a table; about 3 minutes for units 1-3 on 2 idle cores
+(most of it 10a and 13). Not run by the tests: it is the evidence behind the bars."""
 from __future__ import annotations
 
 import argparse, json, os, sys, time, warnings
