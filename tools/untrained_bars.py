@@ -5,8 +5,8 @@
 
 Each notebook of the units runs with the quick profile (injected by tests/test_notebooks.py's `quick_copy`),
 one after another in this process, each in a fresh IPython shell (execnb's `CaptureShell`), with every
-optimizer's step undone: a step hook of torch.optim puts each parameter back to its value before the first step, so every model the
-notebooks train (the course's DDPM, 10a's two UNets, the score models, the digits NCSN) keeps its initialisation
+optimizer's step undone: a step hook of torch.optim puts each parameter back to its value before the first
+step, so every model the notebooks train (the course's DDPM, 10a's two UNets, the score models, the digits NCSN) keeps its initialisation
 with the configuration, batches and number of steps it would have trained with. The judge the lessons share
 (the digits classifier, `load_digits_classifier()`) is trained first, before the hook: it is the measure, not a
 model under test (notebook 12's quick classifier has the judge's configuration, so it loads that one).
