@@ -3,15 +3,15 @@
 
     python tools/untrained_bars.py [--units ddpm score eval] [--out runs/untrained] [--trained]
 
-Each notebook of the units runs with the quick profile (injected by tests/test_notebooks.py's `quick_copy`),
-one after another in this process, each in a fresh IPython shell (execnb's `CaptureShell`), with every
-optimizer's step undone: a step hook of torch.optim puts each parameter back to its value before the first
-step, so every model the notebooks train (the course's DDPM, 10a's two UNets, the score models, the digits NCSN) keeps its initialisation
-with the configuration, batches and number of steps it would have trained with. The judge the lessons share
-(the digits classifier, `load_digits_classifier()`) is trained first, before the hook: it is the measure, not a
-model under test (notebook 12's quick classifier has the judge's configuration, so it loads that one).
-Models and statistics go to a course cache of their own (`OUT/cache`, shipped models off), so nothing trained
-is read or overwritten.
+Each notebook of the units runs with the quick profile (injected by tests/test_notebooks.py's `quick_copy`), one
+after another in this process, each in a fresh IPython shell (execnb's `CaptureShell`), with every optimizer's
+step undone: a step hook of torch.optim puts each parameter back to its value before the first step, so every
+model the notebooks train (the course's DDPM, 10a's two UNets, the score models, the digits NCSN) keeps its
+initialisation with the configuration, batches and number of steps it would have trained with. The judge the
+lessons share (the digits classifier, `load_digits_classifier()`) is trained first, before the hook: it is the
+measure, not a model under test (notebook 12's quick classifier has the judge's configuration, so it loads that
+one). Models and statistics go to a course cache of their own (`OUT/cache`, shipped models off), so nothing
+trained is read or overwritten.
 
 Every cell runs even after one raises, so each failing check is listed (an `assert` that raised, or a
 `# NBVAL_CHECK_OUTPUT` cell whose output is not the stored one, as the tests compare it); then each bar
