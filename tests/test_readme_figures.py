@@ -11,6 +11,7 @@ from course_lib.course import load_units
 from course_lib.course import (
     recorded_run, readme_regions, render_readme, hand_typed_figures, format_value, write_figures,
     stored_results, typed_prose_figures)
+from course_lib.course.readme_prose import render_inline_figures
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = [u for u in load_units(ROOT) if not u.is_library]
@@ -65,6 +66,17 @@ def test_prose_markers_render_from_the_stored_run_and_name_a_missing_figure(tmp_
     with pytest.raises(ValueError, match="names the 'full' run, but results-full.json does not exist"):
         render_readme(u, "<!-- fig full a fid -->1<!-- /fig -->")
     assert typed_prose_figures(text) == [] and typed_prose_figures("FID 1.18 here.") != []
+    rows = {"a": {"table": [{"bytes": 98000}, {"bytes": 52936}]}}
+    assert render_inline_figures("<!-- fig full a table/1/bytes :, -->?<!-- /fig -->", lambda p: {"notebooks": rows}) \
+        == "<!-- fig full a table/1/bytes :, -->52,936<!-- /fig -->"
+    with pytest.raises(ValueError, match="did not record"):
+        render_inline_figures("<!-- fig full a table/2/bytes -->?<!-- /fig -->", lambda p: {"notebooks": rows})
+    flat = {"notebooks": {"a": {"bpb/gzip-9/all": 1.8781}}}
+    assert render_inline_figures("<!-- fig full a bpb/gzip-9/all :.3f -->?<!-- /fig -->", lambda p: flat) \
+        == "<!-- fig full a bpb/gzip-9/all :.3f -->1.878<!-- /fig -->"
+    spaced = {"notebooks": {"a": {"bpb/gzip-9/PyPI READMEs": 2.5189}}}
+    assert render_inline_figures('<!-- fig full a "bpb/gzip-9/PyPI READMEs" :.2f -->?<!-- /fig -->', lambda p: spaced) \
+        == '<!-- fig full a "bpb/gzip-9/PyPI READMEs" :.2f -->2.52<!-- /fig -->'
 
 
 def tiny_unit(tmp: Path, figures: dict):
