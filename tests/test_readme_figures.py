@@ -38,15 +38,8 @@ def test_readme_figures_are_its_stored_results(unit):
 
 
 ALL_UNITS = load_units(ROOT)
-# READMEs whose prose still types figures by hand, and the issue that rewrites each: the test expects them to fail
-# (strict: once a README is clean, its entry must go)
-PROSE_PENDING = {"04_lora": "issue 44", "05_vision": "issue 46", "06_pile": "issue 45", "07_flux": "issue 42"}
-
-
 @pytest.mark.parametrize("unit", ALL_UNITS, ids=lambda u: u.path.name)
-def test_readme_prose_types_no_figure(unit, request):
-    if unit.path.name in PROSE_PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"figures still typed; {PROSE_PENDING[unit.path.name]}"))
+def test_readme_prose_types_no_figure(unit):
     typed = typed_prose_figures((unit.path / "README.md").read_text())
     assert not typed, (f"{unit.path / 'README.md'} types {len(typed)} figure(s) into its prose: render each from the "
                        "recorded run with a marker `<!-- fig full NOTEBOOK FIGURE -->value<!-- /fig -->` (`course "
