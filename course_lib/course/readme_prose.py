@@ -11,7 +11,8 @@ from typing import Any, Callable
 __all__ = ['INLINE', 'render_inline_figures', 'typed_prose_figures']
 
 # %% ../../nbs/08b_readme_prose.ipynb #69e33e8a
-INLINE = re.compile(r"<!-- fig (?P<profile>[\w-]+) (?P<notebook>[\w.-]+) (?P<name>[\w.+@/-]+|\"[^\"\n]+\")"
+INLINE = re.compile(r"<!-- fig (?P<profile>[\w-]+) (?P<notebook>[\w.-]+) "
+                    r"(?P<name>[\w.+@/-]+|\"[^\"\n]+\")"
                     r"(?: (?P<fmt>:\S+))? -->(?P<value>.*?)<!-- /fig -->", re.S)
 
 def _format(v: Any, fmt: str | None) -> str:
@@ -20,14 +21,16 @@ def _format(v: Any, fmt: str | None) -> str:
     return str(v)
 
 def _keyed(v: Any) -> Any:
-    "A list as a dict of its items keyed '0', '1', ... (a marker's path indexes it); anything else as is."
+    "A list as a dict of its items keyed '0', '1', ... (a marker's path indexes it), else `v`."
     return {str(i): x for i, x in enumerate(v)} if isinstance(v, list) else v
 
+
+# %% ../../nbs/08b_readme_prose.ipynb #5be1d0a2
 def render_inline_figures(text: str, load: Callable[[str], dict]) -> str:
     """README `text` with each `<!-- fig PROFILE NOTEBOOK FIGURE[ :FORMAT] -->VALUE<!-- /fig -->`
     marker's VALUE rendered from `load(PROFILE)['notebooks'][NOTEBOOK][FIGURE]` (a FIGURE `a/b`
-    reads key `b` of a figure `a` that is a dict, or item `b` of a list: `export_table/1/bytes`; a
-    figure whose own name has slashes, `bpb/gzip-9/all`, is read whole; a name with spaces goes in
+    reads key `b` of a figure `a` that is a dict, or item `b` of a list: `export_table/1/bytes`. A
+    figure whose own name has slashes, `bpb/gzip-9/all`, is read whole. A name with spaces goes in
     double quotes: `"bpb/gzip-9/Debian changelogs"`),
     formatted with
     FORMAT (a Python format spec after the colon, e.g. `:.3f`, `:,`) or, without one, floats to 4
@@ -38,7 +41,7 @@ def render_inline_figures(text: str, load: Callable[[str], dict]) -> str:
         p, nb, name, fmt = m["profile"], m["notebook"], m["name"].strip('"'), m["fmt"]
         run = runs.setdefault(p, load(p))
         figs = run.get("notebooks", {}).get(nb, {})
-        *outer, name = [name] if name in figs else name.split("/")   # a figure named `bpb/gzip-9/all`
+        *outer, name = [name] if name in figs else name.split("/")   # `bpb/gzip-9/all`: whole
         for key in outer: figs = _keyed(figs.get(key, {}) if isinstance(figs, dict) else {})
         if name not in figs:
             marker = m.group(0)[:m.group(0).index("-->") + 3]
