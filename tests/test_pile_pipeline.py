@@ -46,19 +46,25 @@ def test_reader_formats_case_meta_and_errors(tmp_path):
     write_jsonl_zst(d/"a.JSONL.ZST", [rec(0), rec(1, "Pile-CC", url="u")])
     (d/"sub"/"b.jsonl.GZ").write_bytes(gzip.compress(
         (json.dumps(rec(2)) + "\n{broken\n").encode()))
-    (d/"c.Jsonl").write_text(json.dumps({"text": text(3), "meta": "not a dict", "id": 7}) + "\n")
+    (d/"c.Jsonl").write_text(json.dumps({"text": text(3), "meta": "not a dict", "id": 7}) + "\n"
+                             + json.dumps({"text": text(4), "meta": None}) + "\n"
+                             + json.dumps({"text": text(5), "meta": ["a", 1]}) + "\n"
+                             + json.dumps({"text": text(6)}) + "\n")
     write_jsonl_zst(d/".clean"/"hidden.jsonl.zst", [rec(9)])
     (d/"notes.txt").write_text("not a shard")
     assert PileReader(str(d)).files() == ["a.JSONL.ZST", "c.Jsonl", "sub/b.jsonl.GZ"]
     with pytest.raises(PileFormatError, match="line 2"):
         run_clean(d, tmp_path/"strict", dedup=None, filters=())
     rep = run_clean(d, tmp_path/"out", dedup=None, filters=(), errors="skip")
-    assert rep.skipped_lines == 1 and rep.documents_in == 4 and rep.balanced
+    assert rep.skipped_lines == 1 and rep.documents_in == 7 and rep.balanced
     got = sorted(out_records(tmp_path/"out"), key=lambda r: r["text"])
-    want = sorted([rec(0), rec(1, "Pile-CC", url="u"), rec(2),
-                   {"text": text(3), "meta": {"meta": "not a dict"}, "id": 7}],
+    want = sorted([rec(0), rec(1, "Pile-CC", url="u"), rec(2),     # every meta exactly as read, or none
+                   {"text": text(3), "meta": "not a dict", "id": 7}, {"text": text(4), "meta": None},
+                   {"text": text(5), "meta": ["a", 1]}, {"text": text(6)}],
                   key=lambda r: r["text"])
     assert got == want
+    rep = run_clean(d, tmp_path/"deduped", dedup="exact", filters=(), errors="skip")   # through the shards
+    assert sorted(out_records(tmp_path/"deduped"), key=lambda r: r["text"]) == want
 
 
 def corpus(tmp_path, shards=4, per=30, seed=0):
@@ -303,3 +309,44 @@ def test_tasks_and_workers_must_be_ints(tmp_path):
         with pytest.raises(ValueError, match=re.escape(shown)):
             run_clean(d, tmp_path/"out", **kw)
     assert not (tmp_path/"out").exists()   # nothing written
+
+
+def test_output_inside_input_or_input_inside_output_is_refused(tmp_path):
+    "OUT inside IN would be read as input by a later task (a shard out twice, another lost): refused first."
+    d = corpus(tmp_path, shards=2, per=5, seed=3)
+    for out, says in ((d/"cleaned", "is inside the input"), (d, "is inside the input"),
+                      (tmp_path, "is inside the output folder"), (d/"sub"/"deeper", "is inside the input")):
+        with pytest.raises(ValueError, match=says):
+            run_clean(d, out, dedup=None, tasks=2)
+    assert not (d/"cleaned").exists() and not (d/"sub").exists()
+    with pytest.raises(ValueError, match="is inside the input"):      # a single shard as input, OUT its file
+        run_clean(d/"00.jsonl.zst", d/"00.jsonl.zst", dedup=None)
+    assert pile_main(["clean", str(d), str(d/"out"), "--tasks", "2"]) != 0 and not (d/"out").exists()
+
+
+def test_a_resumed_run_whose_input_changed_is_refused_naming_the_shards(tmp_path):
+    d = corpus(tmp_path, shards=3, per=5, seed=4)
+    out = tmp_path/"out"
+    run_clean(d, out, dedup="exact", tasks=3)
+    before = shard_bytes(out)
+    run_clean(d, out, dedup="exact", tasks=3)                        # unchanged input: resumes (a no-op)
+    assert shard_bytes(out) == before
+    write_jsonl_zst(d/"01.jsonl.zst", [rec(500), rec(501)])           # a shard edited
+    (d/"02.jsonl.zst").unlink()                                       # one deleted
+    write_jsonl_zst(d/"03.jsonl.zst", [rec(600)])                     # one added
+    with pytest.raises(ValueError, match=r"input has changed since \(01.jsonl.zst changed, "
+                                         r"02.jsonl.zst removed, 03.jsonl.zst added\)"):
+        run_clean(d, out, dedup="exact", tasks=3)
+    assert shard_bytes(out) == before                                 # nothing written
+
+
+def test_an_empty_decontamination_set_is_refused(tmp_path):
+    "Decontaminating against nothing would report 'kept 3 of 3' as if it had checked: refused."
+    d = corpus(tmp_path, shards=1, per=3, seed=2)
+    (tmp_path/"empty").mkdir()
+    (tmp_path/"empty.jsonl").write_text("")
+    write_jsonl_zst(tmp_path/"none.jsonl.zst", [])
+    for ev in (tmp_path/"empty", tmp_path/"empty.jsonl", tmp_path/"none.jsonl.zst"):
+        with pytest.raises(ValueError, match="nothing to decontaminate against: .* holds no document"):
+            run_clean(d, tmp_path/"out", dedup=None, decontaminate=ev)
+    assert not (tmp_path/"out").exists()

@@ -36,12 +36,13 @@ except ImportError:  # pragma: no cover - msgspec is a requirement
 __all__ = ['write_jsonl_zst', 'PileFormatError', 'CorruptStreamError', 'ZstdDictionaryError', 'ReadStats', 'read_jsonl_zst']
 
 # %% ../../nbs/63_jsonl_zst.ipynb #cb734a60
-def _as_record(rec, i: int) -> dict:
+def _as_record(rec, i: int, as_read: bool = False) -> dict:
     if isinstance(rec, str): return {"text": rec, "meta": {}}
     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
         got = type(rec).__name__
         if isinstance(rec, dict): got += f" with text of type {type(rec.get('text')).__name__}"
         raise TypeError(f"record {i} must be a str or a dict with a str 'text', got {got}")
+    if as_read: return rec                 # a record read elsewhere, written back as it was
     if "meta" in rec and not isinstance(rec["meta"], dict):
         raise TypeError(f"record {i}: 'meta' must be a dict, got {type(rec['meta']).__name__}")
     return rec if "meta" in rec else {**rec, "meta": {}}
@@ -65,10 +66,10 @@ def _nonfinite_path(x, path="meta") -> str:
     return path
 
 # %% ../../nbs/63_jsonl_zst.ipynb #43e2fb51
-def _record_line(rec, i: int) -> bytes:
+def _record_line(rec, i: int, as_read: bool = False) -> bytes:
     "One JSON line for record `i` (orjson refuses ints beyond 64 bits; the reader returns them)."
-    rec = _as_record(rec, i)
-    if _has_nonfinite(rec["meta"]):       # orjson would write NaN and infinities as null, silently
+    rec = _as_record(rec, i, as_read)
+    if _has_nonfinite(rec.get("meta")):   # orjson would write NaN and infinities as null, silently
         raise TypeError(f"record {i} cannot be written as JSON: its meta holds NaN or infinity "
                         f"({_nonfinite_path(rec['meta'])}), which JSON has no value for")
     try:
@@ -82,7 +83,7 @@ def _record_line(rec, i: int) -> bytes:
 
 # %% ../../nbs/63_jsonl_zst.ipynb #2ae34057
 def write_jsonl_zst(path: str | os.PathLike, records: Iterable[dict | str], level: int = 3,
-                    threads: int = 0) -> int:
+                    threads: int = 0, as_read: bool = False) -> int:
     """Write `records` (dicts `{'text': str, 'meta': dict}`, or plain strings) to a Pile-format
     `.jsonl.zst`.
 
@@ -91,7 +92,8 @@ def write_jsonl_zst(path: str | os.PathLike, records: Iterable[dict | str], leve
     of records. Raises `TypeError` naming the index of a record that is not a str or a dict with a
     str `text`, or that holds a value JSON cannot write. The frame carries zstd's content checksum
     (the reader checks it). Same lines as `lm_dataformat.Archive.add_data`: a JSON object and
-    `\\n` a record."""
+    `\\n` a record. `as_read=True`: records read from another file, written back as they are (a
+    `meta` that is not a dict, or none, kept: what a cleaning step must not change)."""
     from course_lib.core.basics import atomic_write
     if not 1 <= level <= 22: raise ValueError(f"zstd level must be in 1..22, got {level}")
     n = 0
@@ -100,7 +102,7 @@ def write_jsonl_zst(path: str | os.PathLike, records: Iterable[dict | str], leve
         with cctx.stream_writer(fh, closefd=False) as w:
             buf, size = [], 0
             for n, rec in enumerate(records, 1):
-                line = _record_line(rec, n - 1)
+                line = _record_line(rec, n - 1, as_read)
                 buf.append(line)
                 size += len(line)
                 if size >= 1 << 20:

@@ -21,11 +21,11 @@ from .corpus import SHARD_SUFFIXES, check_zstd_dict
 from .steps import (
     MINHASH_CONFIG, DecontaminationFilter, ExactDedupFilter, ExactDedupFind, GopherRulesFilter,
     PileReader, PileWriter, RemovalWriter, SubsetFilter, TextHashSignature, WhitespaceWordTokenizer,
-    _write_json, is_pile_shard)
+    _write_json, eval_texts, is_pile_shard)
 
 # %% auto #0
-__all__ = ['FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'Stage', 'clean_pipeline', 'run_pipeline', 'clean_settings',
-           'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean']
+__all__ = ['FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'Stage', 'clean_pipeline', 'run_pipeline', 'shard_state',
+           'clean_settings', 'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean']
 
 # %% ../../nbs/69a_pile_pipeline.ipynb #9ecbdfea
 @dataclass
@@ -142,11 +142,23 @@ def run_pipeline(stages: list[Stage], logging_dir, tasks: int = 1, workers: int 
                                f"(their logs: {where}/logs)")
 
 # %% ../../nbs/69a_pile_pipeline.ipynb #1371cce2
-SETTINGS_VERSION = 1
+SETTINGS_VERSION = 2
 
-def _has_shards(p: Path) -> bool:
-    if p.is_file(): return True
-    return any(q.is_file() and is_pile_shard(q.relative_to(p).as_posix()) for q in p.rglob("*"))
+def _shards(p: Path) -> list[Path]:
+    "The Pile shards of `p`: the file itself, or the shards of the folder (sorted)."
+    if p.is_file(): return [p]
+    return sorted(q for q in p.rglob("*")
+                  if q.is_file() and is_pile_shard(q.relative_to(p).as_posix()))
+
+def _has_shards(p: Path) -> bool: return bool(_shards(p))
+
+def shard_state(input) -> dict[str, list[int]]:
+    """Each input shard's path (relative to a folder `input`) -> `[size in bytes, mtime in ns]`:
+    what a resumed run checks to know that its input did not change."""
+    p = Path(input)
+    return {(q.name if p.is_file() else q.relative_to(p).as_posix()): [q.stat().st_size,
+                                                                     q.stat().st_mtime_ns]
+            for q in _shards(p)}
 
 def clean_settings(input, dedup="exact", filters=("gopher",), drop_subsets=(), decontaminate=None,
                    errors="strict", tasks=1) -> dict:
@@ -156,7 +168,42 @@ def clean_settings(input, dedup="exact", filters=("gopher",), drop_subsets=(), d
             "dedup": None if dedup in (None, "none") else dedup, "filters": sorted(set(filters)),
             "drop_subsets": sorted(set(drop_subsets)), "errors": errors, "tasks": tasks,
             "decontaminate": None if decontaminate is None
-                             else [str(Path(p).absolute()) for p in decontaminate]}
+                             else [str(Path(p).absolute()) for p in decontaminate],
+            "shards": shard_state(input)}
+
+# %% ../../nbs/69a_pile_pipeline.ipynb #7c3e5a10
+def _check_apart(p: Path, out: Path) -> None:
+    "`ValueError` when the output folder `out` is the input `p`, inside it, or holds it."
+    ip, op = p.resolve(), out.resolve()
+    if ip == op or (p.is_dir() and ip in op.parents):
+        raise ValueError(f"the output folder {out} is inside the input {p}: the run would read "
+                         "its own output shards as input; choose a folder outside it")
+    if op in ip.parents:
+        raise ValueError(f"the input {p} is inside the output folder {out}: the run would write "
+                         "among its input shards; choose a folder that does not hold the input")
+
+def _changed(old: dict, new: dict) -> str:
+    "The shards that differ between two `shard_state`s, named (at most five)."
+    names = sorted(set(old) ^ set(new) | {k for k in set(old) & set(new) if old[k] != new[k]})
+    what = [f"{n} {'removed' if n not in new else 'added' if n not in old else 'changed'}"
+            for n in names]
+    return ", ".join(what[:5]) + (f" and {len(what) - 5} more" if len(what) > 5 else "")
+
+def _check_resumable(out: Path, settings: dict) -> None:
+    """`ValueError` unless the output folder `out` is new, empty, or a stopped run of the same
+    `settings` on the same input shards (a changed shard named)."""
+    if out.exists() and not out.is_dir(): raise ValueError(f"{out} is a file, not a folder")
+    saved = out/".clean"/"settings.json"
+    if out.is_dir() and any(out.iterdir()):
+        before = json.loads(saved.read_text()) if saved.is_file() else None
+        if before is not None and {**before, "shards": None} == {**settings, "shards": None} \
+                and before["shards"] != settings["shards"]:
+            raise ValueError(f"{out} is a stopped run whose input has changed since ("
+                             f"{_changed(before['shards'], settings['shards'])}): its output would "
+                             "mix the old and the new shards; choose an empty or new folder")
+        if before != settings:
+            raise ValueError(f"{out} is not empty and not a previous run with the same "
+                             f"settings: choose an empty or new folder")
 
 # %% ../../nbs/69a_pile_pipeline.ipynb #171334a2
 def check_clean_args(input, output, dedup="exact", filters=("gopher",), drop_subsets=(),
@@ -168,6 +215,7 @@ def check_clean_args(input, output, dedup="exact", filters=("gopher",), drop_sub
     if not p.exists(): raise FileNotFoundError(f"no such file or folder: {input}")
     if not _has_shards(p):
         raise ValueError(f"{input}: no Pile shards ({', '.join(SHARD_SUFFIXES)}) in it")
+    _check_apart(p, out)
     for name, v in (("tasks", tasks), ("workers", workers)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -186,14 +234,13 @@ def check_clean_args(input, output, dedup="exact", filters=("gopher",), drop_sub
     if missing := [str(d) for d in decon if not Path(d).exists()]:
         raise FileNotFoundError(f"no such file or folder to decontaminate against: {missing[0]}")
     check_zstd_dict([p, *decon], zstd_dict)   # a shard whose start needs another zstd dictionary
+    if decon and next(eval_texts(decon, errors, dict_data=zstd_dict), None) is None:
+        raise ValueError(f"nothing to decontaminate against: {', '.join(map(str, decon))} "
+                         "holds no document")
     settings = clean_settings(input, dedup, filters, drop_subsets, decontaminate, errors, tasks)
-    if out.exists() and not out.is_dir(): raise ValueError(f"{output} is a file, not a folder")
-    saved = out/".clean"/"settings.json"
-    if out.is_dir() and any(out.iterdir()):
-        if not saved.is_file() or json.loads(saved.read_text()) != settings:
-            raise ValueError(f"{output} is not empty and not a previous run with the same "
-                             f"settings: choose an empty or new folder")
+    _check_resumable(out, settings)
     return settings
+
 
 # %% ../../nbs/69a_pile_pipeline.ipynb #eef5949e
 @dataclass

@@ -30,19 +30,28 @@ __all__ = ['MINHASH_CONFIG', 'doc_from_record', 'pile_record', 'subset_of', 'is_
 
 # %% ../../nbs/69c_pile_steps.ipynb #3bd51f26
 _EXTRA, _DUP_OF, _ID = "__pile_fields__", "__duplicate_of__", "__doc_id__"
+_RAW_META = "__meta_as_read__"     # [meta] when not a dict (a string, null, a list), [] if absent
 
 def doc_from_record(rec: dict, doc_id: str) -> Document:
-    "A datatrove `Document` of a Pile record: `metadata` is its `meta`."
-    meta = rec.get("meta", {})
-    md = dict(meta) if isinstance(meta, dict) else {"meta": meta}   # Pile format: meta is a dict
+    """A datatrove `Document` of a Pile record: `metadata` is its `meta` when that is a dict. Any
+    other `meta` (a string, null, a list), or none at all, is kept aside to be written back as
+    read."""
+    meta = rec.get("meta")
+    md = dict(meta) if isinstance(meta, dict) else {_RAW_META: [meta] if "meta" in rec else []}
     extra = {k: v for k, v in rec.items() if k not in ("text", "meta")}
     if extra: md[_EXTRA] = extra
     return Document(text=rec["text"], id=doc_id, metadata=md)
 
 def pile_record(doc: Document) -> dict:
-    "The Pile record `{'text', 'meta'}` of a document (the inverse of `doc_from_record`)."
-    meta = {k: v for k, v in doc.metadata.items() if k not in (_EXTRA, _DUP_OF, "filter_reason")}
-    return {"text": doc.text, "meta": meta, **doc.metadata.get(_EXTRA, {})}
+    """The Pile record of a document (the inverse of `doc_from_record`): its `text`, its `meta`
+    exactly as read (absent if it was absent) and its other fields."""
+    md = doc.metadata
+    if _RAW_META in md:                                     # [meta] as read, or [] for no meta
+        head = {"text": doc.text, **{"meta": m for m in md[_RAW_META]}}
+    else:
+        head = {"text": doc.text, "meta": {k: v for k, v in md.items()
+                                           if k not in (_EXTRA, _DUP_OF, "filter_reason")}}
+    return {**head, **md.get(_EXTRA, {})}
 
 def subset_of(doc: Document) -> str:
     "The document's `pile_set_name` ('unknown' without one)."
@@ -315,7 +324,7 @@ class PileWriter(PipelineStep):
                 tally.add(doc)
                 self.stat_update("total")
                 yield {**pile_record(doc), _ID: doc.id} if self.keep_ids else pile_record(doc)
-        n = write_jsonl_zst(path, records(), level=self.level)
+        n = write_jsonl_zst(path, records(), level=self.level, as_read=True)
         if n == 0 and not self.keep_empty: path.unlink()
         if self.counts_folder: tally.save(Path(self.counts_folder)/f"{rank:05d}.json")
         yield from ()
