@@ -24,9 +24,10 @@ def sha256(p: Path) -> str:
 
 def test_every_lesson_model_ships():
     assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn",
-                     "flow-quick", "flux-quick"}, KINDS
+                     "flow-quick", "flux-quick", "ddpm-mnist"}, KINDS
     # the package stays small enough for a wheel: measured 36.5 MB for the ten models, 40.4 MB with unit 7's
-    # quick flow model and FLUX-mini (which lessons 71-73 trained in CI, three minutes under the device probe)
+    # quick flow model and FLUX-mini (which lessons 71-73 trained in CI, three minutes under the device probe),
+    # MNIST_MB with the MNIST DDPM (about an hour on 2 CPU cores)
     assert 0 < PROV["total_bytes"] < 45e6
 
 
@@ -78,6 +79,12 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     from course_lib.flux import load_flux_mini
     flow = load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()), progress=False)    # lesson 71, quick
     assert flow.history["loss"] and not flow.training
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    from ship_pretrained import DDPM_MNIST
+    from course_lib.data.mnist import MNIST
+    mnist = load_pretrained_ddpm(DDPMConfig(**DDPM_MNIST), dataset=MNIST("train", size=28), progress=False)
+    assert mnist.config.sample_size == 28 and len(mnist.history["loss"]) == DDPM_MNIST["steps"]
     pipe = load_flux_mini(FluxMiniConfig.quick(), progress=False)                            # lessons 72, 73, quick
     assert pipe.flux_config.steps == FluxMiniConfig.quick().steps and pipe.history["flow_loss"]
     gpt2 = [m for m in PROV["models"].values() if m["kind"] == "gpt2"][0]
