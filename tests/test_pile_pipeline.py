@@ -350,3 +350,17 @@ def test_an_empty_decontamination_set_is_refused(tmp_path):
         with pytest.raises(ValueError, match="nothing to decontaminate against: .* holds no document"):
             run_clean(d, tmp_path/"out", dedup=None, decontaminate=ev)
     assert not (tmp_path/"out").exists()
+
+
+def test_minhash_path_removes_exact_duplicates_shorter_than_its_shingle(tmp_path):
+    "MinHash signs word 5-grams: a 3-word document has none, so only an exact stage before it catches its copies."
+    d = tmp_path/"in"
+    d.mkdir()
+    short = ["see the river", "quiet bright morning"]
+    long_ = [text(i, 200) for i in range(4)]
+    write_jsonl_zst(d/"0.jsonl.zst", [{"text": t, "meta": {"pile_set_name": "Github"}} for t in short + long_])
+    write_jsonl_zst(d/"1.jsonl.zst", [{"text": t, "meta": {"pile_set_name": "Github"}} for t in short + long_[:2]])
+    rep = run_clean(d, tmp_path/"out", dedup="minhash", filters=(), tasks=2)
+    texts = sorted(r["text"] for r in out_records(tmp_path/"out"))
+    assert texts == sorted(short + long_) and rep.balanced
+    assert rep.removed["exact-dedup"]["documents"] == 4 and "minhash-dedup" not in rep.removed

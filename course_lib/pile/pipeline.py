@@ -44,13 +44,36 @@ def _reader(input, errors, work: Path, zstd_dict=None) -> PileReader:
     if p.is_file(): return PileReader(p.parent, glob_pattern=p.name, **kw)
     return PileReader(p, **kw)
 
+# %% ../../nbs/69a_pile_pipeline.ipynb #4e1f9b27
+def _minhash_stages(work: Path, dups: Path, exact_log, final) -> list[Stage]:
+    """The stages of `dedup='minhash'` after the exact hashes are found: exact duplicates removed
+    first (MinHash signs word 5-grams, so a document of fewer words has no signature and would pass,
+    duplicate or not; dolma and FineWeb also run exact before fuzzy), then datatrove's four MinHash
+    stages on what is left, writing `final`."""
+    unique = PileWriter(work/"tmp/unique", keep_ids=True, keep_empty=True)
+    again = PileReader(work/"tmp/unique", ids_from_records=True)
+    mh, cfg, tok = str(work/"tmp/minhash"), MINHASH_CONFIG, WhitespaceWordTokenizer()
+    return [Stage("exact-dedup", [PileReader(work/"tmp/shards", ids_from_records=True),
+                                  ExactDedupFilter(dups, exact_log), unique]),
+            Stage("minhash-signatures", [PileReader(work/"tmp/unique", ids_from_records=True),
+                                         MinhashDedupSignature(f"{mh}/sigs", cfg, language=tok)]),
+            Stage("minhash-buckets", [MinhashDedupBuckets(f"{mh}/sigs", f"{mh}/buckets",
+                                                          config=cfg)], tasks=cfg.num_buckets),
+            Stage("minhash-cluster", [MinhashDedupCluster(f"{mh}/buckets", f"{mh}/remove",
+                                                          config=cfg)], tasks=1),
+            Stage("minhash-dedup", [again, MinhashDedupFilter(
+                f"{mh}/remove", exclusion_writer=RemovalWriter(
+                    work/"removed/minhash-dedup", "minhash-dedup", "near duplicate")), final])]
+
+
 # %% ../../nbs/69a_pile_pipeline.ipynb #3185fe3f
 def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable[str] = ("gopher",),
                    drop_subsets: Iterable[str] = (), decontaminate=None, errors: str = "strict",
                    work_dir=None, zstd_dict=None) -> list[Stage]:
     """The stages of `course pile clean`: read the Pile shards of `input` (a file or a folder), drop
     `drop_subsets`, apply `filters` ('gopher'), drop what shares 13-grams with `decontaminate`
-    (Pile-format files or folders), deduplicate (`dedup`: 'exact', 'minhash' or None) and write
+    (Pile-format files or folders), deduplicate (`dedup`: 'exact', 'minhash', which removes exact
+    duplicates first, or None) and write
     `output/{rank:05d}.jsonl.zst`. Counts and removal logs go to `work_dir` (`output/.clean`).
     `zstd_dict`: the zstd dictionary of the shards of `input` and `decontaminate`."""
     out = Path(output)
@@ -66,23 +89,14 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
     if dedup in (None, "none"): return [Stage("clean", steps + [final])]
     mid = PileWriter(work/"tmp/shards", keep_ids=True, keep_empty=True)
     again = PileReader(work/"tmp/shards", ids_from_records=True)
+    sigs, dups = work/"tmp/hashes", work/"tmp/duplicates"
+    exact = [Stage("filter", steps + [TextHashSignature(sigs), mid]),
+             Stage("exact-find", [ExactDedupFind(sigs, dups)], tasks=1)]
     if dedup == "exact":
-        sigs, dups = work/"tmp/hashes", work/"tmp/duplicates"
-        return [Stage("filter", steps + [TextHashSignature(sigs), mid]),
-                Stage("exact-find", [ExactDedupFind(sigs, dups)], tasks=1),
-                Stage("exact-dedup",
-                      [again, ExactDedupFilter(dups, removed("exact-dedup")), final])]
-    mh, cfg, tok = str(work/"tmp/minhash"), MINHASH_CONFIG, WhitespaceWordTokenizer()
-    return [Stage("filter", steps + [mid]),
-            Stage("minhash-signatures", [PileReader(work/"tmp/shards", ids_from_records=True),
-                                         MinhashDedupSignature(f"{mh}/sigs", cfg, language=tok)]),
-            Stage("minhash-buckets", [MinhashDedupBuckets(f"{mh}/sigs", f"{mh}/buckets",
-                                                          config=cfg)], tasks=cfg.num_buckets),
-            Stage("minhash-cluster", [MinhashDedupCluster(f"{mh}/buckets", f"{mh}/remove",
-                                                          config=cfg)], tasks=1),
-            Stage("minhash-dedup", [again, MinhashDedupFilter(
-                f"{mh}/remove", exclusion_writer=RemovalWriter(
-                    work/"removed/minhash-dedup", "minhash-dedup", "near duplicate")), final])]
+        return exact + [Stage("exact-dedup",
+                              [again, ExactDedupFilter(dups, removed("exact-dedup")), final])]
+    return exact + _minhash_stages(work, dups, removed("exact-dedup"), final)
+
 
 # %% ../../nbs/69a_pile_pipeline.ipynb #51fc4f19
 def _start_method() -> str:
