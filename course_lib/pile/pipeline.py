@@ -48,8 +48,8 @@ def _reader(input, errors, work: Path, zstd_dict=None) -> PileReader:
 def _minhash_stages(work: Path, dups: Path, exact_log, final) -> list[Stage]:
     """The stages of `dedup='minhash'` after the exact hashes are found: exact duplicates removed
     first (MinHash signs word 5-grams, so a document of fewer words has no signature and would pass,
-    duplicate or not; dolma and FineWeb also run exact before fuzzy), then datatrove's four MinHash
-    stages on what is left, writing `final`."""
+    duplicate or not, which is why dolma and FineWeb also run exact before fuzzy), then datatrove's
+    four MinHash stages on what is left, writing `final`."""
     unique = PileWriter(work/"tmp/unique", keep_ids=True, keep_empty=True)
     again = PileReader(work/"tmp/unique", ids_from_records=True)
     mh, cfg, tok = str(work/"tmp/minhash"), MINHASH_CONFIG, WhitespaceWordTokenizer()
