@@ -11,9 +11,10 @@ __all__ = ['check_positive', 'check_at_least', 'check_decreasing_sigmas', 'check
            'toy_score_path', 'load_toy_score', 'toy_score_status', 'per_sample', 'randn_on', 'as_times',
            'gaussian_logp', 'cpu64', 'generator_device', 'randn64', 'network_output', 'check_ve_range',
            'check_vp_range', 'time_grid', 'ode_rhs', 'ode_sampler', 'divergence', 'likelihood_rhs', 'ode_likelihood',
-           'bits_per_dim', 'dequantize', 'SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler',
-           'reverse_diffusion_step', 'langevin_corrector_step', 'pc_sampler', 'ScheduleVPSDE', 'ddpm_score_fn',
-           'ddpm_vs_sde_step', 'ddpm_elbo_bpd', 'langevin', 'annealed_langevin', 'geometric_sigmas',
+           'bits_per_dim', 'dequantize', 'to_levels', 'dequantize_levels', 'histogram_bits', 'SDE', 'ReverseSDE',
+           'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_sampler', 'reverse_diffusion_step',
+           'langevin_corrector_step', 'pc_sampler', 'ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step',
+           'ddpm_elbo_bpd', 'finetune_on_levels', 'langevin', 'annealed_langevin', 'geometric_sigmas',
            'component_weights', 'energy_distance', 'sliced_wasserstein', 'sample_report', 'NCSNConfig', 'NCSN',
            'train_ncsn', 'load_ncsn']
 
@@ -45,14 +46,15 @@ from .cache import (
 _all_ = ['cached_model_state', 'toy_score_path', 'load_toy_score', 'toy_score_status']
 
 # %% ../../nbs/26z_score_api.ipynb #28dc2479
-from .numerics import (
+from course_lib.score.numerics import (
     per_sample, randn_on, as_times, gaussian_logp, cpu64, generator_device, randn64,
     network_output, check_ve_range, check_vp_range, time_grid, ode_rhs, ode_sampler, divergence,
-    likelihood_rhs, ode_likelihood, bits_per_dim, dequantize)
+    likelihood_rhs, ode_likelihood, bits_per_dim, dequantize, to_levels, dequantize_levels,
+    histogram_bits)
 _all_ = ['per_sample', 'randn_on', 'as_times', 'gaussian_logp', 'cpu64', 'generator_device',
          'randn64', 'network_output', 'check_ve_range', 'check_vp_range', 'time_grid',
          'ode_rhs', 'ode_sampler', 'divergence', 'likelihood_rhs', 'ode_likelihood',
-         'bits_per_dim', 'dequantize']
+         'bits_per_dim', 'dequantize', 'to_levels', 'dequantize_levels', 'histogram_bits']
 
 # %% ../../nbs/26z_score_api.ipynb #d58b62bd
 from .sde import (
@@ -62,8 +64,10 @@ _all_ = ['SDE', 'ReverseSDE', 'VESDE', 'VPSDE', 've_score_fn', 'euler_maruyama_s
          'reverse_diffusion_step', 'langevin_corrector_step', 'pc_sampler']
 
 # %% ../../nbs/26z_score_api.ipynb #08908314
-from .digits import ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, ddpm_elbo_bpd
-_all_ = ['ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd']
+from .digits import (
+    ScheduleVPSDE, ddpm_score_fn, ddpm_vs_sde_step, ddpm_elbo_bpd, finetune_on_levels)
+_all_ = ['ScheduleVPSDE', 'ddpm_score_fn', 'ddpm_vs_sde_step', 'ddpm_elbo_bpd',
+         'finetune_on_levels']
 
 # %% ../../nbs/26z_score_api.ipynb #a4c481f6
 from .ncsn import (

@@ -13,7 +13,7 @@ import torch
 # %% auto #0
 __all__ = ['per_sample', 'randn_on', 'as_times', 'gaussian_logp', 'cpu64', 'generator_device', 'randn64', 'network_output',
            'check_ve_range', 'check_vp_range', 'time_grid', 'ode_rhs', 'ode_sampler', 'divergence', 'likelihood_rhs',
-           'ode_likelihood', 'bits_per_dim', 'dequantize']
+           'ode_likelihood', 'bits_per_dim', 'dequantize', 'to_levels', 'dequantize_levels', 'histogram_bits']
 
 # %% ../../nbs/26_sde_numerics.ipynb #5e182b82
 def per_sample(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -212,3 +212,56 @@ def dequantize(x: torch.Tensor, generator: torch.Generator | None = None) -> tor
     if x.dtype != torch.uint8: raise TypeError(f"dequantize expects uint8 images, got {x.dtype}")
     u = torch.rand(x.shape, generator=generator)
     return 2 * (x.float() + u) / 256 - 1
+
+# %% ../../nbs/26_sde_numerics.ipynb #6a487fb4
+def to_levels(x: torch.Tensor, n_levels: int = 17) -> torch.Tensor:
+    """The level index `k` `(B, ...)` int64 in [0, n_levels) of uint8 images `x` `(B, ...)` whose
+    pixels take `n_levels` evenly spaced values of [0, 255], `round(255 k / (n_levels - 1))`
+    (scikit-learn's 8x8 digits: levels 0..16 stored as 0, 16, 32, ..., 143, ..., 255). Raises
+    `TypeError` for a non-uint8 `x`, `ValueError` for `n_levels` outside [2, 256] or a pixel off
+    those levels (its value named)."""
+    if x.dtype != torch.uint8: raise TypeError(f"to_levels expects uint8 images, got {x.dtype}")
+    if not 2 <= n_levels <= 256:
+        raise ValueError(f"n_levels must be in [2, 256], got {n_levels}")
+    k = (x.double() * (n_levels - 1) / 255).round().long()
+    off = (k.double() * 255 / (n_levels - 1)).round() != x.double()
+    if off.any():
+        raise ValueError(f"pixel value {int(x[off][0])} is not one of the {n_levels} levels "
+                         f"round(255 k / {n_levels - 1}): pass the data's own number of levels")
+    return k
+
+# %% ../../nbs/26_sde_numerics.ipynb #d703ce37
+def dequantize_levels(k: torch.Tensor, n_levels: int = 17,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """Uniform dequantisation on the data's own grid: levels `k` `(B, ...)` (integers in [0,
+    n_levels), e.g. from `to_levels`) to `x = 2 (k + u) / n_levels - 1` float32 in [-1, 1), `u ~
+    U[0, 1)` drawn on the generator's device, returned on `k`'s. The bins of width `2 / n_levels`
+    tile [-1, 1]: `E_u[nll] / (D ln 2) + log2(n_levels / 2)` bits per dimension bounds a discrete
+    model over the levels (Theis et al. 2016, section 3.1), and a density uniform on [-1, 1] gives
+    `log2(n_levels)`. Raises `TypeError` for a floating `k`, `ValueError` for a level outside [0,
+    n_levels)."""
+    if k.is_floating_point() or k.is_complex():
+        raise TypeError(f"dequantize_levels expects integer levels, got {k.dtype}")
+    if k.numel() and (k.min() < 0 or k.max() >= n_levels):
+        raise ValueError(f"levels must lie in [0, {n_levels}), got {int(k.min())}..{int(k.max())}")
+    u = torch.rand(k.shape, generator=generator, device=generator_device(generator)).to(k.device)
+    return 2 * (k.float() + u) / n_levels - 1
+
+# %% ../../nbs/26_sde_numerics.ipynb #8353eb90
+def histogram_bits(k_train: torch.Tensor, k_eval: torch.Tensor, n_levels: int) -> torch.Tensor:
+    """Bits per dimension `(B,)` float64 of the images `k_eval` `(B, ...)` (level indices, int64)
+    under the per-pixel histogram model counted on `k_train` `(N, ...)` with add-one (Laplace)
+    smoothing, `P_j(k) = (n_jk + 1) / (N + n_levels)`, the pixels independent. A model of the
+    levels alone (no counts) gives `log2(n_levels)`. Raises `ValueError` when the images'
+    shapes differ or a level lies outside [0, n_levels)."""
+    if k_train.shape[1:] != k_eval.shape[1:]:
+        raise ValueError(f"image shapes differ: {tuple(k_train.shape[1:])} (k_train) and "
+                         f"{tuple(k_eval.shape[1:])} (k_eval)")
+    for name, k in [("k_train", k_train), ("k_eval", k_eval)]:
+        if k.numel() and (k.min() < 0 or k.max() >= n_levels):
+            raise ValueError(f"{name}: levels must lie in [0, {n_levels}), got "
+                             f"{int(k.min())}..{int(k.max())}")
+    kt, ke = k_train.flatten(1).long().cpu(), k_eval.flatten(1).long().cpu()
+    counts = torch.nn.functional.one_hot(kt, n_levels).sum(0)            # (D, K)
+    p = (counts + 1).double() / (len(kt) + n_levels)
+    return -p[torch.arange(kt.shape[1]), ke].log2().mean(1)

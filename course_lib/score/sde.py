@@ -83,9 +83,11 @@ class ReverseSDE:
 # %% ../../nbs/22_sde.ipynb #b23dd7ed
 class VESDE(SDE):
     """Variance-exploding SDE (Song et al. 2021, eq. 9 and 30): `dx = sigma(t) sqrt(2 log(sigma_max
-    / sigma_min)) dw`, `sigma(t) = sigma_min (sigma_max / sigma_min)^t`. `discretize` is NCSN's
-    (SMLD) chain with `N` geometric levels. Raises `ValueError` unless `0 < sigma_min <
-    sigma_max`."""
+    / sigma_min)) dw`, `sigma(t) = sigma_min (sigma_max / sigma_min)^t`. `marginal_prob` returns
+    the std `sigma(t)`, the convention of score_sde's `VESDE` (the data already at noise
+    `sigma_min` at t = 0): from `x0` at t = 0 the SDE adds variance `sigma(t)^2 - sigma_min^2`
+    (appendix B). `discretize` is NCSN's (SMLD) chain with `N` geometric levels. Raises `ValueError`
+    unless `0 < sigma_min < sigma_max`."""
     def __init__(self, sigma_min: float = 0.01, sigma_max: float = 50.0, N: int = 1000):
         super().__init__(N)
         check_ve_range(sigma_min, sigma_max)
