@@ -13,8 +13,10 @@ __all__ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_tim
            'StepOutput', 'AncestralSampler', 'randn_on', 'sample', 'DDPMConfig', 'make_unet', 'ema_update',
            'default_dataset', 'lr_lambda', 'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm',
            'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds', 'SAMPLERS', 'diffusers_scheduler',
-           'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table', 'timestep_embedding',
-           'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet']
+           'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table', 'SOLVERS', 'solve',
+           'energy_distance_unbiased', 'x0_and_eps', 'ddim_step', 'ddim_sample', 'dpmpp_2m_sample', 'vp_sigmas',
+           'sigma_to_t', 't_to_sigma', 'karras_sigmas', 'vp_denoiser', 'heun_sample', 'ExactMixture',
+           'timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #4b5697e4
 from .checks import (
@@ -60,9 +62,16 @@ _all_ = ['DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda'
 # %% ../../nbs/17z_ddpm_api.ipynb #92b107e4
 from .schedulers import (
     SAMPLERS, diffusers_scheduler, ExactGrid, DDIMVarianceFix, make_scheduler,
-    sampler_table, format_table)
+    sampler_table, format_table, SOLVERS, solve, energy_distance_unbiased)
 _all_ = ['SAMPLERS', 'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix', 'make_scheduler',
-         'sampler_table', 'format_table']
+         'sampler_table', 'format_table', 'SOLVERS', 'solve', 'energy_distance_unbiased']
+
+# %% ../../nbs/17z_ddpm_api.ipynb #c094e917
+from .solvers import (
+    x0_and_eps, ddim_step, ddim_sample, dpmpp_2m_sample, vp_sigmas, sigma_to_t, t_to_sigma,
+    karras_sigmas, vp_denoiser, heun_sample, ExactMixture)
+_all_ = ['x0_and_eps', 'ddim_step', 'ddim_sample', 'dpmpp_2m_sample', 'vp_sigmas', 'sigma_to_t',
+         't_to_sigma', 'karras_sigmas', 'vp_denoiser', 'heun_sample', 'ExactMixture']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #6775add7
 from .unet import (

@@ -16,7 +16,8 @@ from .training import DDPMConfig
 from .sampling import SPACINGS, AncestralSampler, sample, timestep_grid
 
 # %% auto #0
-__all__ = ['SAMPLERS', 'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table']
+__all__ = ['SAMPLERS', 'SOLVERS', 'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table',
+           'format_table', 'solve', 'energy_distance_unbiased']
 
 # %% ../../nbs/16_ddpm.ipynb #bec08ba6
 def diffusers_scheduler(schedule: NoiseSchedule, cls=None, **kw):
@@ -147,3 +148,58 @@ def format_table(rows: list[dict]) -> str:
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
     return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
                      ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows])
+
+# %% ../../nbs/16_ddpm.ipynb #e270e19a
+from .solvers import (
+    ddim_sample, dpmpp_2m_sample, heun_sample, karras_sigmas, vp_denoiser, vp_sigmas)
+
+
+SOLVERS = ("ancestral", "ddim", "dpm++2m", "heun", "heun-80")
+
+@torch.no_grad()
+def solve(kind: str, model_fn: Callable, schedule: NoiseSchedule, nfe: int, x_T: torch.Tensor,
+          prediction_type: str = "epsilon",
+          generator: torch.Generator | None = None) -> tuple[torch.Tensor, int]:
+    """Samples from x_T `(B, ...)` (standard normal) by `kind` with about `nfe` network calls,
+    on the trailing timestep grid (the first call at t = T-1): 'ancestral' (lesson 13's
+    `AncestralSampler`, no clipping, its noise from `generator`), 'ddim' (eta = 0), 'dpm++2m',
+    'heun' (Karras sigmas between the schedule's smallest and largest sigma, as diffusers'
+    `HeunDiscreteScheduler(use_karras_sigmas=True)`) or 'heun-80' (sigma_max = 80, as Karras et
+    al. 2022 sample). Heun's n levels cost 2n - 1 calls: n = (nfe + 1) // 2. Returns `(samples,
+    network calls made)`. Raises `ValueError` for another kind or `nfe` outside [1, T] (at least
+    3 for Heun)."""
+    T, ab = schedule.num_train_timesteps, schedule.alpha_bar
+    if kind not in SOLVERS:
+        raise ValueError(f"unknown solver {kind!r}: choose one of {list(SOLVERS)}")
+    nfe = check_num_steps(nfe, T)
+    if kind.startswith("heun"):
+        if nfe < 3:
+            raise ValueError(f"Heun needs at least 3 network calls (2 levels), got nfe={nfe}")
+        s = vp_sigmas(ab)
+        s_max = float(s[-1]) if kind == "heun" else 80.0
+        sigmas = karras_sigmas(float(s[0]), s_max, (nfe + 1) // 2)
+        x = heun_sample(vp_denoiser(model_fn, ab, prediction_type), sigmas, x_T * s_max)
+        return x, 2 * (len(sigmas) - 1) - 1
+    ts = timestep_grid(T, nfe, "trailing").tolist()
+    if kind == "ddim": return ddim_sample(model_fn, ab, ts, x_T, prediction_type), nfe
+    if kind == "dpm++2m": return dpmpp_2m_sample(model_fn, ab, ts, x_T, prediction_type), nfe
+    sch = AncestralSampler(schedule, prediction_type, clip_sample=False,
+                           timestep_spacing="trailing")
+    sch.set_timesteps(nfe)
+    x = x_T
+    for t in sch.timesteps:
+        x = sch.step(model_fn(x, int(t)), t, x, generator=generator).prev_sample
+    return x, nfe
+
+# %% ../../nbs/16_ddpm.ipynb #c4731d13
+def energy_distance_unbiased(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Energy distance 2 E||X - Y|| - E||X - X'|| - E||Y - Y'|| (Szekely & Rizzo 2013) between
+    samples `x` `(N, ...)` and `y` `(M, ...)`, each flattened, as a U-statistic (the same-set means
+    leave out the zero diagonal), so that its expectation is 0 when x and y come from one
+    distribution: it can come out slightly negative. In the data's units. Raises `ValueError`
+    for fewer than 2 samples in either."""
+    x, y = (torch.as_tensor(v).reshape(len(v), -1).double() for v in (x, y))
+    if len(x) < 2 or len(y) < 2:
+        raise ValueError(f"need at least 2 samples in each set, got {len(x)} and {len(y)}")
+    within = lambda a: torch.cdist(a, a).sum() / (len(a) * (len(a) - 1))
+    return float(2 * torch.cdist(x, y).mean() - within(x) - within(y))

@@ -7,19 +7,19 @@ __all__ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exer
            'check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one',
            'check_chain_variance', 'check_betas_from_alpha_bar', 'check_timestep_embedding', 'check_add_time',
            'check_attention', 'check_group_norm', 'check_masked_attention', 'check_ddpm_loss', 'check_ema_update',
-           'check_shift', 'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_gaussian_score',
-           'check_dsm_loss', 'check_langevin_step', 'check_annealed_step_sizes', 'check_vp_marginal',
-           'check_reverse_sde_step', 'check_eps_to_score', 'check_bits_per_dim', 'check_frechet_gaussians',
-           'check_feature_stats', 'check_fid_scaled', 'check_inception_score', 'check_mmd2_unbiased',
-           'check_to_uint8_rgb', 'check_knn_precision', 'check_fid_infinity', 'check_std_error', 'check_lora_forward',
-           'check_lora_merge', 'check_lora_params', 'check_caption_path', 'check_assign_bucket',
-           'check_trainable_share', 'check_freeze_except_lora', 'check_lora_blend', 'check_lora_unmerge',
-           'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups', 'check_ncm_predict', 'check_tta_probs',
-           'check_quantize_int8', 'check_split_by_subset', 'check_subset_bytes', 'check_bpb', 'check_zlib_bpb',
-           'check_bpb_per_subset', 'check_gpt2_params', 'check_shingle_jaccard', 'check_lsh_probability',
-           'check_cfg_combine', 'check_drop_labels', 'check_flow_target', 'check_flow_euler_step',
-           'check_flux_pack_latents', 'check_digit_slant', 'check_flux_lora_update', 'check_svd_rank',
-           'check_peft_targets']
+           'check_shift', 'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_karras_sigmas',
+           'check_heun_step', 'check_gaussian_score', 'check_dsm_loss', 'check_langevin_step',
+           'check_annealed_step_sizes', 'check_vp_marginal', 'check_reverse_sde_step', 'check_eps_to_score',
+           'check_bits_per_dim', 'check_frechet_gaussians', 'check_feature_stats', 'check_fid_scaled',
+           'check_inception_score', 'check_mmd2_unbiased', 'check_to_uint8_rgb', 'check_knn_precision',
+           'check_fid_infinity', 'check_std_error', 'check_lora_forward', 'check_lora_merge', 'check_lora_params',
+           'check_caption_path', 'check_assign_bucket', 'check_trainable_share', 'check_freeze_except_lora',
+           'check_lora_blend', 'check_lora_unmerge', 'check_conv_macs', 'check_adapt_input_conv', 'check_lld_groups',
+           'check_ncm_predict', 'check_tta_probs', 'check_quantize_int8', 'check_split_by_subset', 'check_subset_bytes',
+           'check_bpb', 'check_zlib_bpb', 'check_bpb_per_subset', 'check_gpt2_params', 'check_shingle_jaccard',
+           'check_lsh_probability', 'check_cfg_combine', 'check_drop_labels', 'check_flow_target',
+           'check_flow_euler_step', 'check_flux_pack_latents', 'check_digit_slant', 'check_flux_lora_update',
+           'check_svd_rank', 'check_peft_targets']
 
 # %% ../../nbs/04_exercises.ipynb #c1547151
 from .core import (
@@ -29,7 +29,7 @@ from .core import (
 from .ddpm import (
     check_accuracy, check_alpha_bar, check_ancestral_step, check_ddim_step, check_ddpm_loss,
     check_ema_update, check_noisy_image, check_q_sample, check_shift, check_snr_one, check_to_float,
-    check_chain_variance, check_betas_from_alpha_bar)
+    check_chain_variance, check_betas_from_alpha_bar, check_karras_sigmas, check_heun_step)
 from course_lib.exercises.unet import (
     check_add_time, check_attention, check_timestep_embedding, check_group_norm,
     check_masked_attention)
@@ -59,7 +59,8 @@ _all_ = ['Case', 'CheckResult', 'check', 'check_value', 'show_solution', 'exerci
          'check_q_sample', 'check_snr_one', 'check_chain_variance', 'check_betas_from_alpha_bar',
          'check_timestep_embedding', 'check_add_time', 'check_attention', 'check_group_norm',
          'check_masked_attention', 'check_ddpm_loss', 'check_ema_update', 'check_shift',
-         'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_gaussian_score',
+         'check_accuracy', 'check_ancestral_step', 'check_ddim_step', 'check_karras_sigmas',
+         'check_heun_step', 'check_gaussian_score',
          'check_dsm_loss', 'check_langevin_step', 'check_annealed_step_sizes', 'check_vp_marginal',
          'check_reverse_sde_step', 'check_eps_to_score', 'check_bits_per_dim',
          'check_frechet_gaussians', 'check_feature_stats', 'check_fid_scaled',

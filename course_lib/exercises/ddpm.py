@@ -15,7 +15,7 @@ from .core import (
 # %% auto #0
 __all__ = ['check_to_float', 'check_noisy_image', 'check_alpha_bar', 'check_q_sample', 'check_snr_one', 'check_chain_variance',
            'check_betas_from_alpha_bar', 'check_ddpm_loss', 'check_ema_update', 'check_shift', 'check_accuracy',
-           'check_ancestral_step', 'check_ddim_step']
+           'check_ancestral_step', 'check_ddim_step', 'check_karras_sigmas', 'check_heun_step']
 
 # %% ../../nbs/94_exercises_ddpm.ipynb #fc7b7a9f
 @register_solution
@@ -378,3 +378,62 @@ def check_ddim_step(fn: Callable) -> CheckResult:
                     lambda e, t, tp, x, ab: x}
     return check(fn, _ref_ddim_step, cases, "predict x_0, then move it to t_prev with the same eps",
                  mistakes)
+
+# %% ../../nbs/94_exercises_ddpm.ipynb #12958441
+@register_solution
+def _ref_karras_sigmas(sigma_min, sigma_max, n, rho):
+    """Karras et al. 2022, eq. 5: n levels evenly spaced in sigma^(1/rho) from sigma_max down to
+    sigma_min, then sigma_n = 0, `(n + 1,)` float32."""
+    ramp = torch.linspace(0, 1, n)
+    hi, lo = sigma_max ** (1 / rho), sigma_min ** (1 / rho)
+    return torch.cat([(hi + ramp * (lo - hi)) ** rho, torch.zeros(1)])
+
+
+def check_karras_sigmas(fn: Callable) -> CheckResult:
+    "Exercise: `fn(sigma_min, sigma_max, n, rho)` -> Karras's `(n + 1,)` noise levels, ending at 0."
+    cases = [("5 levels, rho = 7", (0.002, 80.0, 5, 7.0)), ("2 levels", (0.01, 10.0, 2, 7.0)),
+             ("rho = 1: evenly spaced", (0.5, 4.0, 4, 1.0))]
+    mistakes = {
+        "no final sigma = 0 (the last Euler step goes to 0)":
+            lambda a, b, n, r: _ref_karras_sigmas(a, b, n, r)[:-1],
+        "the levels in increasing order (sampling starts at sigma_max)":
+            lambda a, b, n, r: torch.cat([_ref_karras_sigmas(a, b, n, r)[:-1].flip(0), torch.zeros(1)]),
+        "rho in place of 1/rho in the exponent (space the levels in sigma^(1/rho), then ^rho)":
+            lambda a, b, n, r: _ref_karras_sigmas(a, b, n, 1 / r)}
+    return check(fn, _ref_karras_sigmas, cases, "ramp from sigma_max^(1/rho) to sigma_min^(1/rho), "
+                 "raise to rho, append 0", mistakes)
+
+# %% ../../nbs/94_exercises_ddpm.ipynb #c3cd2534
+def _toy_denoiser(x, sigma):
+    "The exact denoiser of standard normal data: E[x0 | x0 + sigma z = x] = x / (1 + sigma^2)."
+    return x / (1 + sigma**2)
+
+
+@register_solution
+def _ref_heun_step(x, sigma, sigma_next, denoiser):
+    """Karras et al. 2022, Algorithm 1, one step: Euler with the slope d = (x - D(x; sigma)) / sigma,
+    then, unless sigma_next = 0, the slope at the Euler point and a step with the average."""
+    d = (x - denoiser(x, sigma)) / sigma
+    x_euler = x + (sigma_next - sigma) * d
+    if sigma_next == 0: return x_euler
+    d_next = (x_euler - denoiser(x_euler, sigma_next)) / sigma_next
+    return x + (sigma_next - sigma) * (d + d_next) / 2
+
+
+def check_heun_step(fn: Callable) -> CheckResult:
+    "Exercise: `fn(x, sigma, sigma_next, denoiser)` -> one Heun step of Algorithm 1."
+    g = torch.Generator().manual_seed(0)
+    x = _randn(2, 1, 4, 4, g=g) * 3
+    cases = [("sigma 3 to 1", (x, 3.0, 1.0, _toy_denoiser)),
+             ("sigma 1 to 0.4", (x, 1.0, 0.4, _toy_denoiser)),
+             ("the last step, sigma 0.4 to 0", (x, 0.4, 0.0, _toy_denoiser))]
+    def euler(x, s, sn, D): return x + (sn - s) * (x - D(x, s)) / s
+    def from_euler_point(x, s, sn, D):
+        xe = euler(x, s, sn, D)
+        if sn == 0: return xe
+        return xe + (sn - s) * ((x - D(x, s)) / s + (xe - D(xe, sn)) / sn) / 2
+    mistakes = {"an Euler step alone (no second slope)": euler,
+                "the averaged slope applied from the Euler point, not from x": from_euler_point}
+    return check(fn, _ref_heun_step, cases, "Euler first; then average the two slopes and step from x",
+                 mistakes, nonfinite_hint="at sigma_next = 0 the second slope divides by zero: "
+                 "the last step stays Euler's")
