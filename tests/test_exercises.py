@@ -61,6 +61,9 @@ MISTAKES = {   # name: (a learner's typical wrong answer, words the message must
                        / (1 - b[t]).sqrt() + b[t].sqrt() * z, "adding noise at t = 0"),
     "ddim_step": (lambda e, t, tp, x, a: a[tp].sqrt() * (x - (1 - a[t]).sqrt() * e) / a[t].sqrt()
                   + (1 - a[tp]).sqrt() * e, "alpha_bar[T-1]"),
+    # lesson 13a, samplers by hand
+    "karras_sigmas": (lambda a, b, n, r: E._ref_karras_sigmas(a, b, n, r)[:-1], "no final sigma = 0"),
+    "heun_step": (lambda x, s, sn, D: x + (sn - s) * (x - D(x, s)) / s, "Euler step alone"),
     # lesson 10a, the UNet by hand
     "timestep_embedding": (lambda t, d: E._ref_timestep_embedding(t, d).roll(d // 2, -1), "sines first"),
     "add_time": (lambda h, e, w, b: h + (e @ w.T + b)[:, :, None, None], "missing SiLU"),
