@@ -203,7 +203,7 @@ def _elbo_middle(eps_hat: Callable, ab: torch.Tensor, betas: torch.Tensor, x: to
     tilde-beta_t whose means differ by `coef (eps_hat - eps)`: `w_t |eps_hat - eps|^2` with `w_t
     = coef^2 / (2 tilde-beta_t) = beta_t / (2 alpha_t (1 - alpha_bar_{t-1}))`. The timesteps are
     drawn with probability `q_t` proportional to `w_t alpha_bar_t` (importance sampling,
-    stratified in its CDF; the error `|eps_hat - eps|^2` shrinks like `alpha_bar_t` where the
+    stratified in its CDF, as the error `|eps_hat - eps|^2` shrinks like `alpha_bar_t` where the
     clipped last betas make `w_t` huge), each term divided by `q_t`: unbiased."""
     N, B = len(ab), x.shape[0]
     w = betas[1:] / (2 * (1 - betas[1:]) * (1 - ab[:-1]))      # w_t for t = 1 .. N - 1
