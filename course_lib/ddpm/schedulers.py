@@ -149,11 +149,11 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
                      ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows])
 
-# %% ../../nbs/16_ddpm.ipynb #e270e19a
+# %% ../../nbs/16_ddpm.ipynb #0ac654cc
 from .solvers import (
     ddim_sample, dpmpp_2m_sample, heun_sample, karras_sigmas, vp_denoiser, vp_sigmas)
 
-
+# %% ../../nbs/16_ddpm.ipynb #e270e19a
 SOLVERS = ("ancestral", "ddim", "dpm++2m", "heun", "heun-80")
 
 @torch.no_grad()

@@ -397,7 +397,8 @@ def check_karras_sigmas(fn: Callable) -> CheckResult:
         "no final sigma = 0 (the last Euler step goes to 0)":
             lambda a, b, n, r: _ref_karras_sigmas(a, b, n, r)[:-1],
         "the levels in increasing order (sampling starts at sigma_max)":
-            lambda a, b, n, r: torch.cat([_ref_karras_sigmas(a, b, n, r)[:-1].flip(0), torch.zeros(1)]),
+            lambda a, b, n, r: torch.cat([_ref_karras_sigmas(a, b, n, r)[:-1].flip(0),
+                                          torch.zeros(1)]),
         "rho in place of 1/rho in the exponent (space the levels in sigma^(1/rho), then ^rho)":
             lambda a, b, n, r: _ref_karras_sigmas(a, b, n, 1 / r)}
     return check(fn, _ref_karras_sigmas, cases, "ramp from sigma_max^(1/rho) to sigma_min^(1/rho), "
@@ -411,8 +412,8 @@ def _toy_denoiser(x, sigma):
 
 @register_solution
 def _ref_heun_step(x, sigma, sigma_next, denoiser):
-    """Karras et al. 2022, Algorithm 1, one step: Euler with the slope d = (x - D(x; sigma)) / sigma,
-    then, unless sigma_next = 0, the slope at the Euler point and a step with the average."""
+    """Karras et al. 2022, Algorithm 1, one step: Euler with the slope d = (x - D(x, sigma)) /
+    sigma, then, unless sigma_next = 0, the slope at the Euler point and a step with the average."""
     d = (x - denoiser(x, sigma)) / sigma
     x_euler = x + (sigma_next - sigma) * d
     if sigma_next == 0: return x_euler
@@ -434,6 +435,7 @@ def check_heun_step(fn: Callable) -> CheckResult:
         return xe + (sn - s) * ((x - D(x, s)) / s + (xe - D(xe, sn)) / sn) / 2
     mistakes = {"an Euler step alone (no second slope)": euler,
                 "the averaged slope applied from the Euler point, not from x": from_euler_point}
-    return check(fn, _ref_heun_step, cases, "Euler first; then average the two slopes and step from x",
+    return check(fn, _ref_heun_step, cases,
+                 "Euler first, then average the two slopes and step from x",
                  mistakes, nonfinite_hint="at sigma_next = 0 the second slope divides by zero: "
                  "the last step stays Euler's")
