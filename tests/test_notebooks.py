@@ -41,7 +41,7 @@ NB_PROBE = os.environ.get("COURSE_LIB_NB_PROBE", "cuda")
 # The lessons that run to the end under the probe (each checked with `COURSE_LIB_NB_PROBE=cuda` and plainly); the
 # others still run plainly on the CPU here until their device faults are fixed (issue 27).
 PROBE_LESSONS = {"03_getting_started", "10_forward_process", "10a_unet", "11_ddpm_training", "12_digits_classifier",
-                 "13_sampling", "20_score_matching", "21_langevin", "22_sde", "23_sde_digits",
+                 "13_sampling", "13a_samplers_by_hand", "20_score_matching", "21_langevin", "22_sde", "23_sde_digits",
                  "30_frechet_distance", "31_is_kid", "32_torch_fidelity", "33_fid_of_ddpm",
                  "40_lora_from_scratch", "41_lora_dataset", "42_lora_training", "43_lora_export",
                  "50_timm_registry", "51_transfer_learning", "52_inference_export",
