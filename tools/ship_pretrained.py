@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn", "flow-quick",
-          "flux-quick", "ddpm-mnist")
+          "flux-quick", "ddpm-mnist", "guided", "flow", "flux")
 # the DDPM of real 28x28 MNIST (course_lib.data.mnist's 4,000 training digits): 687k parameters, attention at 7x7,
 # 2,500 steps at batch 128 (80 epochs), about an hour on 2 CPU cores
 DDPM_MNIST = dict(image_size=28, block_out_channels=(16, 32, 64), attention=(False, False, True), norm_num_groups=8,
@@ -78,23 +78,37 @@ def train(kind: str) -> list[dict]:
         losses = load_checkpoint(path)[0]["losses"]
         return [dict(path=path, config=asdict(cfg), call="load_ncsn(NCSNConfig())",
                      figures={"final_loss": float(losses[-50:].mean())})]
-    if kind == "flow-quick":             # nbs/71_flow_matching.ipynb's quick profile: unit 1's quick budget
+    if kind == "guided":                 # nbs/70_guidance.ipynb's full profile: unit 1's DDPM with 11 classes
+        from course_lib.ddpm import DDPMConfig
+        from course_lib.ddpm.training import default_dataset
+        from course_lib.flux import load_guided_ddpm
+        from course_lib.flux.guidance import label_dropout_dataset
+        m = load_guided_ddpm(DDPMConfig(), 0.2, progress=False)
+        cfg = m.ddpm_config
+        data = label_dropout_dataset(default_dataset(cfg), 0.2)
+        path = cache_dir("models", "ddpm", cfg.key(data)) / "ema.safetensors"
+        return [dict(path=path, config=cfg.to_dict(), call="load_guided_ddpm(DDPMConfig(), 0.2)",
+                     data="label_dropout_dataset(default_dataset(cfg), 0.2)",
+                     figures={"final_loss": sum(m.history["loss"][-50:]) / 50, "train_seconds": m.history["seconds"]})]
+    if kind in ("flow", "flow-quick"):   # nbs/71_flow_matching.ipynb: unit 1's budget (quick: its quick budget)
         from course_lib.ddpm import DDPMConfig
         from course_lib.flux import FlowConfig, load_pretrained_flow
-        cfg = FlowConfig.from_ddpm(DDPMConfig.quick())
+        base = "DDPMConfig()" if kind == "flow" else "DDPMConfig.quick()"
+        cfg = FlowConfig.from_ddpm(DDPMConfig() if kind == "flow" else DDPMConfig.quick())
         m = load_pretrained_flow(cfg, progress=False)
         path = cache_dir("models", "flow", cfg.key()) / "ema.safetensors"
-        return [dict(path=path, config=asdict(cfg), call="load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()))",
+        return [dict(path=path, config=asdict(cfg), call=f"load_pretrained_flow(FlowConfig.from_ddpm({base}))",
                      figures={"final_loss": float(sum(m.history["loss"][-50:]) / 50),
                               "train_seconds": m.history["seconds"]})]
-    if kind == "flux-quick":             # nbs/72 and 73's quick profile: FLUX-mini, FluxMiniConfig.quick()
+    if kind in ("flux", "flux-quick"):   # nbs/72 and 73: FLUX-mini, FluxMiniConfig() (quick: .quick())
         from course_lib.flux import FluxMiniConfig
         from course_lib.flux import load_flux_mini
-        cfg = FluxMiniConfig.quick()
+        cfg = FluxMiniConfig() if kind == "flux" else FluxMiniConfig.quick()
         pipe = load_flux_mini(cfg, progress=False)
         path = cache_dir("models", "flux", cfg.key()) / "pipeline"
         loss = pipe.history["flow_loss"][-50:]
-        return [dict(path=path, config=asdict(cfg), call="load_flux_mini(FluxMiniConfig.quick())",
+        call = "load_flux_mini(FluxMiniConfig())" if kind == "flux" else "load_flux_mini(FluxMiniConfig.quick())"
+        return [dict(path=path, config=asdict(cfg), call=call,
                      figures={"final_flow_loss": float(sum(loss) / len(loss)),
                               "train_seconds": pipe.history["flow_seconds"]})]
     if kind == "gpt2":
@@ -116,6 +130,12 @@ def cache_path(kind: str, config: dict) -> str:
     if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):
         from course_lib.ddpm import DDPMConfig
         return f"models/ddpm/{DDPMConfig.from_dict(config).key()}/ema.safetensors"
+    if kind == "guided":
+        from course_lib.ddpm import DDPMConfig
+        from course_lib.ddpm.training import default_dataset
+        from course_lib.flux.guidance import label_dropout_dataset
+        cfg = DDPMConfig.from_dict(config)
+        return f"models/ddpm/{cfg.key(label_dropout_dataset(default_dataset(cfg), 0.2))}/ema.safetensors"
     if kind == "ddpm-mnist":
         from course_lib.data.mnist import MNIST
         from course_lib.ddpm import DDPMConfig
@@ -126,10 +146,10 @@ def cache_path(kind: str, config: dict) -> str:
     if kind == "ncsn":
         from course_lib.score import NCSNConfig
         return f"score/ncsn/ncsn-{NCSNConfig(**config).key()}.safetensors"
-    if kind == "flow-quick":
+    if kind in ("flow", "flow-quick"):
         from course_lib.flux import FlowConfig
         return f"models/flow/{FlowConfig(**config).key()}/ema.safetensors"
-    if kind == "flux-quick":
+    if kind in ("flux", "flux-quick"):
         from course_lib.flux import FluxMiniConfig
         cfg = FluxMiniConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
         return f"models/flux/{cfg.key()}/pipeline"
@@ -139,13 +159,12 @@ def cache_path(kind: str, config: dict) -> str:
     raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
 
 
+DDPM_TRAINER, FLOW_TRAINER = ("course_lib.ddpm.training", "train_ddpm"), ("course_lib.flux.flow_training", "train_flow")
+FLUX_TRAINER = ("course_lib.flux.train", "train_flux_mini")
 TRAINERS = {"classifier": ("course_lib.ddpm.classifier", "train_digits_classifier"),
-            "ddpm": ("course_lib.ddpm.training", "train_ddpm"), "base": ("course_lib.ddpm.training", "train_ddpm"),
-            "ddpm-quick": ("course_lib.ddpm.training", "train_ddpm"),
-            "ddpm-mnist": ("course_lib.ddpm.training", "train_ddpm"),
-            "base-quick": ("course_lib.ddpm.training", "train_ddpm"), "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"),
-            "ncsn": ("course_lib.score.ncsn", "train_ncsn"), "flow-quick": ("course_lib.flux.flow_training", "train_flow"),
-            "flux-quick": ("course_lib.flux.train", "train_flux_mini")}
+            **dict.fromkeys(("ddpm", "base", "ddpm-quick", "base-quick", "ddpm-mnist", "guided"), DDPM_TRAINER),
+            "flow": FLOW_TRAINER, "flow-quick": FLOW_TRAINER, "flux": FLUX_TRAINER, "flux-quick": FLUX_TRAINER,
+            "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"), "ncsn": ("course_lib.score.ncsn", "train_ncsn")}
 
 
 def trainer_fingerprint(kind: str) -> str | None:
