@@ -203,8 +203,10 @@ def _remove_stale_tmps(path: Path) -> list[Path]:
 
 # %% ../../nbs/00_core.ipynb #37c7c0bf
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb"):
+def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str = "utf-8"):
     """Context manager yielding a file object: on success the file appears at `path` atomically.
+    A text `mode` ('w') writes `encoding` (UTF-8, whatever the system's locale says: a caption
+    written in a Latin-1 or ASCII locale reads back the same everywhere).
 
     The data goes to `.{name}.{pid}@{host}.{random}.tmp` beside `path`, then `os.replace` puts it
     in place. On an exception the temporary file is removed and any existing file at `path` is
@@ -220,7 +222,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)   # mkstemp creates 0600; give the file the usual permissions
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..core.basics import OfflineError, cache_dir
+from ..core.basics import OfflineError, atomic_write, cache_dir
 
 # %% auto #0
 __all__ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', 'TEST_SPLITS', 'digits_arrays', 'resize_uint8',
            'split_indices', 'Digits', 'to_float', 'to_uint8', 'FolderReport', 'convert_image', 'open_image',
-           'scan_image_folder', 'split_folders', 'ImageFolder', 'load_torchvision', 'load_mnist', 'load_fashion_mnist',
-           'load_cifar10']
+           'scan_image_folder', 'save_upload', 'sidecar_clashes', 'split_folders', 'ImageFolder', 'load_torchvision',
+           'load_mnist', 'load_fashion_mnist', 'load_cifar10']
 
 # %% ../../nbs/01_data.ipynb #50288c3a
 DIGITS_SIZES = (8, 16, 32)
@@ -219,6 +219,39 @@ def scan_image_folder(folder: str | os.PathLike, recursive: bool = True,
         else: rep.ok.append(p)
     return rep
 
+
+# %% ../../nbs/01_data.ipynb #50a7a4f3
+def save_upload(folder: str | os.PathLike, name: str, data: bytes) -> tuple[Path, str]:
+    """Save the uploaded image `data` (bytes) named `name` in `folder` (made if missing) without
+    replacing any file there. The stem keeps letters, digits, '_' and '-' (others become '_'), the
+    extension is kept if it is an image's (`IMAGE_EXTENSIONS`, else '.png'); a stem already used
+    by a file of `folder` (case ignored, as macOS and Windows ignore it) gets '-2', '-3', ..., so no
+    two images share a caption sidecar. Returns `(path, how)`: how is 'added' (saved as `name`),
+    'renamed' (saved under another name) or 'duplicate' (those bytes are already in `folder`, at
+    `path`: nothing written). Written atomically (`atomic_write`)."""
+    import re
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    for p in files:
+        if (p.suffix.lower() in IMAGE_EXTENSIONS and p.stat().st_size == len(data)
+                and p.read_bytes() == data):
+            return p, "duplicate"
+    stem = re.sub(r"[^\w-]", "_", Path(name).stem) or "image"
+    ext = Path(name).suffix.lower() if Path(name).suffix.lower() in IMAGE_EXTENSIONS else ".png"
+    taken, new, k = {p.stem.lower() for p in files}, stem, 1
+    while new.lower() in taken:
+        k += 1
+        new = f"{stem}-{k}"
+    with atomic_write(folder/f"{new}{ext}", "wb") as f: f.write(data)
+    return folder/f"{new}{ext}", "added" if f"{new}{ext}" == Path(name).name else "renamed"
+
+def sidecar_clashes(files: Sequence[str | os.PathLike], caption_ext: str = ".txt") -> list[list[Path]]:
+    """The groups of images among `files` that share one caption sidecar (`y.png` and `y.jpg`
+    both read and write `y.txt`), each sorted; empty when every image has its own."""
+    groups = {}
+    for f in files: groups.setdefault(Path(f).with_suffix(caption_ext), []).append(Path(f))
+    return [sorted(g) for g in groups.values() if len(g) > 1]
 
 # %% ../../nbs/01_data.ipynb #acbc0fa6
 TRAIN_SPLITS = ("train", "training")

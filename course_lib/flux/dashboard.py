@@ -216,23 +216,31 @@ def load_settings(self, path: str | os.PathLike) -> FluxLoRAConfig:
 
 @patch_to(FluxLoRADashboard)
 def add_images(self, files, caption: str) -> list[Path]:
-    """Save uploaded images into the image folder, each with the caption sidecar `caption` (the
-    trigger word is added in front when missing). `files`: a `FileUpload` widget or its `.value`
-    (ipywidgets 7 or 8), or `(name, bytes)` pairs: see `uploaded_files`. Returns the image paths.
-    Raises `ValueError` naming an unreadable image, `TypeError` for what is no upload."""
+    """Save uploaded images into the image folder, each with the caption sidecar `caption` (UTF-8;
+    the trigger word is added in front when missing), with `save_upload`: nothing in the folder is
+    replaced (a taken name gets '-2', ...; an image already there is not added again, its caption
+    kept). `files`: a `FileUpload` widget or its `.value` (ipywidgets 7 or 8), or `(name, bytes)`
+    pairs: see `uploaded_files`. Returns the paths of the images added. Raises `ValueError` naming
+    an unreadable image (before anything is saved), `TypeError` for what is no upload."""
     from PIL import Image
+    from course_lib.data.images import save_upload
     trig = self._settings().trigger
     caption = caption if trig in caption.split() else f"{trig} {caption}"
-    self.folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for name, content in uploaded_files(files):
+    uploads = list(uploaded_files(files))
+    for name, content in uploads:
         try: Image.open(io.BytesIO(content)).verify()
         except Exception as e: raise ValueError(f"{name} is not a readable image: {e}") from e
-        p = self.folder/Path(name).name
-        p.write_bytes(content)
-        p.with_suffix(".txt").write_text(caption.strip() + "\n")
+    out, notes = [], []
+    for name, content in uploads:
+        p, how = save_upload(self.folder, name, content)
+        if how == "duplicate":
+            notes.append(f"{name} is already there as {p.name}")
+            continue
+        with atomic_write(p.with_suffix(".txt"), "w") as f: f.write(caption.strip() + "\n")
         out.append(p)
-    self._say(f"{len(out)} images added to {self.folder}" if out else "no images chosen")
+        if how == "renamed": notes.append(f"{name} saved as {p.name}")
+    said = f"{len(out)} images added to {self.folder}" if out else "no images added"
+    self._say("; ".join([said, *notes]))
     return out
 
 # %% ../../nbs/75_flux_dashboard.ipynb #4a2bbea9

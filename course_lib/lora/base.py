@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Sampler
 
-from ..data.images import Digits, IMAGE_EXTENSIONS
+from ..data.images import Digits, IMAGE_EXTENSIONS, sidecar_clashes
 from ..ddpm.training import DDPMConfig, load_pretrained_ddpm
 from ..ddpm.schedulers import make_scheduler
 from ..ddpm.sampling import sample
@@ -216,7 +216,8 @@ def read_captions(files: Sequence[Path], caption_ext: str = ".txt",
 
     Returns `(captions, sources)` with each source 'sidecar' or 'captioner'. Empty sidecars count as
     missing. Warns (`UserWarning`) when there are images but no sidecar matched any of them: usually
-    a wrong `caption_ext`. Raises `ValueError` for a `caption_ext` that does not start with '.'."""
+    a wrong `caption_ext`, and when images share one sidecar (`y.png` and `y.jpg`: kohya reads
+    `y.txt` for both too). Raises `ValueError` for a `caption_ext` that does not start with '.'."""
     if not caption_ext.startswith("."):
         raise ValueError(f"caption_ext must start with '.', e.g. '.txt', got {caption_ext!r}")
     captions, sources = [], []
@@ -236,6 +237,10 @@ def read_captions(files: Sequence[Path], caption_ext: str = ".txt",
                       f"{files[0].parent}; all captions come from the captioner. Caption-like "
                       f"extensions present: {others or 'none'} (set caption_ext)",
                       UserWarning, stacklevel=2)
+    for group in sidecar_clashes(files, caption_ext):
+        warnings.warn(f"{' and '.join(p.name for p in group)} share one caption file, "
+                      f"{group[0].with_suffix(caption_ext).name}: each is trained with its caption "
+                      "(rename one to caption them apart)", UserWarning, stacklevel=2)
     return captions, sources
 
 # %% ../../nbs/44_lora_base.ipynb #d0c5d5d0

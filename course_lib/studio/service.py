@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.basics import atomic_write, load_checkpoint, patch_to
+from ..data.images import sidecar_clashes
 from .settings import StudioBase, check_rank, check_trainer, parse_settings
 from .models import StudioModels
 from .worker import (
@@ -50,29 +51,59 @@ def _check_start(self, trainer: str, name: str, cfg):
         raise RuntimeError(f"run {self.live.get('run')!r} is training (step "
                            f"{self.live.get('step', 0)}/{self.live.get('steps')}): one trainer at "
                            "a time; pause it or wait for it to end")
-    if not self.images(): raise ValueError("no training images: upload some in the Data tab")
     d = self.root/"runs"/name
+    if not (d/"data").is_dir() and not self.images():
+        raise ValueError("no training images: upload some in the Data tab")
     if (d/"studio.json").is_file():
-        was = json.loads((d/"studio.json").read_text())["trainer"]
+        was = json.loads((d/"studio.json").read_text(encoding="utf-8"))["trainer"]
         if was != trainer: raise ValueError(f"run {name!r} is a {was} run, not {trainer}")
+    if (d/"adapter.safetensors").is_file() and not (d/"checkpoint.safetensors").is_file():
+        raise ValueError(f"run {name!r} has its adapter but no checkpoint ({d/'checkpoint.safetensors'}"
+                         " is gone): training it again would start from step 1 and replace the "
+                         "adapter; start a run of another name instead")
     model = self.base(trainer)
     check_rank(model.transformer if trainer == "flux" else model, cfg.target_modules, cfg.rank)
-    if trainer == "unet": self._check_captions(cfg.trigger)
+    if trainer == "unet": self._check_captions(cfg.trigger, self.run_images(name))
     return d
 
 @patch_to(Studio)
-def _check_captions(self, trigger: str) -> None:
-    "Unit 4's base reads a digit word or the trigger from each caption: refuse one it cannot read."
+def _check_captions(self, trigger: str, images: Sequence[Path]) -> None:
+    """Unit 4's base reads a digit word or the trigger from each caption of `images`: refuse one it
+    cannot read, and images that share one caption file."""
     import warnings
     from course_lib.lora.base import encode_prompt, read_captions
+    if clash := sidecar_clashes(images):
+        raise ValueError(f"{' and '.join(p.name for p in clash[0])} share one caption file: rename "
+                         "or remove one of them (Data tab)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        caps = read_captions(self.images())[0]
-    for p, c in zip(self.images(), caps):
+        caps = read_captions(images)[0]
+    for p, c in zip(images, caps):
         try: encode_prompt(c, trigger)
         except ValueError as e:
             raise ValueError(f"{p.name}: {e}: write its caption (Data tab) with the trigger "
                              f"{trigger!r} or a digit word") from None
+
+# %% ../../nbs/83e_studio_service.ipynb #2000b3b1
+@patch_to(Studio)
+def _snapshot(self, d: Path) -> dict[str, str]:
+    """Copy the training images and their caption sidecars into `d/data` (whole or not at all: a
+    folder beside it renamed into place). Returns `{image name: SHA-256}`."""
+    import hashlib, shutil, tempfile
+    tmp = Path(tempfile.mkdtemp(prefix=".data-", dir=d))
+    out = {}
+    for p in self.images():
+        shutil.copy2(p, tmp/p.name)
+        if p.with_suffix(".txt").is_file(): shutil.copy2(p.with_suffix(".txt"), tmp/f"{p.stem}.txt")
+        out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+    os.replace(tmp, d/"data")
+    return out
+
+@patch_to(Studio)
+def _data_dir(self, name: str) -> Path:
+    "The folder run `name` trains from: its own `data/`, or `images/` for a run made before."
+    d = self.root/"runs"/name/"data"
+    return d if d.is_dir() else self.images_dir
 
 # %% ../../nbs/83e_studio_service.ipynb #133ac054
 @patch_to(Studio)
@@ -98,11 +129,16 @@ def start(self, trainer: str, name: str, config, preview_every: int = 0,
             raise RuntimeError(f"another studio process is training in {self.root}: one trainer "
                                "at a time") from None
         d.mkdir(parents=True, exist_ok=True)
+        ck = d/"checkpoint.safetensors"
+        old = (json.loads((d/"studio.json").read_text(encoding="utf-8"))
+               if (d/"studio.json").is_file() else {})
+        data = old.get("data") if (d/"data").is_dir() else None
+        if data is None and not ck.is_file(): data = self._snapshot(d)
         meta = {"trainer": trainer, "base": self.bases[trainer].key,
-                "preview_every": int(preview_every or 0), "preview_prompts": list(preview_prompts)}
+                "preview_every": int(preview_every or 0), "preview_prompts": list(preview_prompts),
+                **({"data": data} if data is not None else {})}
         with atomic_write(d/"studio.json", "w") as f: f.write(json.dumps(meta, indent=1))
         self._stop.clear()
-        ck = d/"checkpoint.safetensors"
         hist = list(load_checkpoint(ck)[0]["history"]) if ck.is_file() else []
         self.live = {"run": name, "trainer": trainer, "step": len(hist), "steps": cfg.steps,
                      "history": hist, "state": "starting", "error": None, "t0": time.time()}
@@ -126,7 +162,7 @@ def _train(self, trainer: str, name: str, cfg, meta: dict, job: dict | None = No
         if job is None:
             model = self.base(trainer)
             stopped = train_run(trainer, model if trainer == "unet" else copy.deepcopy(model),
-                                self.images_dir, d, cfg, meta, self.bases[trainer].image_size,
+                                self._data_dir(name), d, cfg, meta, self.bases[trainer].image_size,
                                 self._stop, self._on_step)
             self.live["state"] = "paused" if stopped else "done"
         else: self._train_process(trainer, d, cfg, meta, job)
@@ -148,7 +184,7 @@ def _train_process(self, trainer: str, d: Path, cfg, meta: dict, job: dict) -> N
     JSON lines), read its `steps` lines into `live`. Its stderr goes to `d/train.log`, and it holds
     the trainer lock's descriptor too, so the lock outlives this process until the trainer has
     checkpointed and exited."""
-    msg = job_message(trainer, job, cfg, meta, self.images_dir, d)
+    msg = job_message(trainer, job, cfg, meta, self._data_dir(d.name), d)
     with open(d/"train.log", "ab") as log: p = start_worker(log, held_lock_fd(self._flock))
     end = None
     try:
@@ -191,7 +227,7 @@ def resume(self, name: str, extra_steps: int = 0) -> None:
     "Train run `name` on from its last checkpoint with its own settings (+ `extra_steps`)."
     if not (self.root/"runs"/name/"studio.json").is_file():
         raise ValueError(f"no run {name!r} to resume: runs are {[r['run'] for r in self.runs()]}")
-    meta = json.loads((self.root/"runs"/name/"studio.json").read_text())
+    meta = json.loads((self.root/"runs"/name/"studio.json").read_text(encoding="utf-8"))
     cfg = self.run_config(name)
     if extra_steps: cfg = replace(cfg, steps=cfg.steps + int(extra_steps))
     self.start(meta["trainer"], name, cfg, meta.get("preview_every", 0),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.basics import atomic_write, load_checkpoint, patch_to
-from ..data.images import scan_image_folder
+from ..data.images import open_image, save_upload, scan_image_folder, sidecar_clashes
 from ..flux.lora_train import FluxLoRAConfig
 from ..lora.run import lora_config_from_dict
 from .settings import (
@@ -50,10 +50,12 @@ def _upload(f) -> tuple[str, bytes]:
 
 @patch_to(StudioStore)
 def add_images(self, files: Sequence) -> dict:
-    """Copy the images among `files` (paths, or `(name, bytes)` pairs) into `images/`. Returns
-    `{'added': [names], 'skipped': [(name, reason)]}`. Nothing raises for a bad file."""
+    """Copy the images among `files` (paths, or `(name, bytes)` pairs) into `images/` with
+    `save_upload`: nothing there is replaced. Returns `{'added': [names saved], 'renamed':
+    [(name given, name saved)], 'skipped': [(name, reason)]}` (an upload whose bytes are already
+    there is skipped, the reason naming that file). Nothing raises for a bad file."""
     from PIL import Image
-    added, skipped = [], []
+    added, renamed, skipped = [], [], []
     for f in files or []:
         try: name, data = _upload(f)
         except OSError as e:
@@ -65,11 +67,13 @@ def add_images(self, files: Sequence) -> dict:
         except Exception as e:
             skipped.append((name, f"not an image ({type(e).__name__})"))
             continue
-        stem = re.sub(r"[^\w-]", "_", Path(name).stem) or "image"
-        ext = Path(name).suffix.lower() if Path(name).suffix.lower() in IMAGE_TYPES else ".png"
-        with atomic_write(self.images_dir/f"{stem}{ext}", "wb") as out: out.write(data)
-        added.append(f"{stem}{ext}")
-    return {"added": added, "skipped": skipped}
+        path, how = save_upload(self.images_dir, name, data)
+        if how == "duplicate":
+            skipped.append((name, f"the same image as {path.name}, already here"))
+            continue
+        added.append(path.name)
+        if how == "renamed": renamed.append((name, path.name))
+    return {"added": added, "renamed": renamed, "skipped": skipped}
 
 @patch_to(StudioStore)
 def images(self) -> list[Path]:
@@ -85,45 +89,64 @@ def clear_images(self) -> None:
 # %% ../../nbs/83b_studio_store.ipynb #511de0c1
 @patch_to(StudioStore)
 def captions(self) -> dict[str, str]:
-    "`{image name: caption}` (the sidecar's text, '' without one)."
-    return {p.name: (p.with_suffix(".txt").read_text().strip()
-                     if p.with_suffix(".txt").is_file() else "") for p in self.images()}
+    "`{image name: caption}` (the sidecar's text, UTF-8, '' without one)."
+    side = lambda p: p.with_suffix(".txt")
+    return {p.name: (side(p).read_text(encoding="utf-8").strip() if side(p).is_file() else "")
+            for p in self.images()}
+
+@patch_to(StudioStore)
+def _refuse_shared_sidecars(self, names) -> None:
+    "`ValueError` when an image of `names` shares its caption file with another image here."
+    for group in sidecar_clashes(self.images()):
+        if any(p.name in names for p in group):
+            raise ValueError(f"{' and '.join(p.name for p in group)} share one caption file, "
+                             f"{group[0].with_suffix('.txt').name}: rename or remove one of them")
 
 @patch_to(StudioStore)
 def set_captions(self, captions: dict[str, str]) -> None:
-    "Write each image's caption sidecar. Raises `ValueError` for a name that is no image here."
+    """Write each image's caption sidecar (UTF-8). Raises `ValueError` for a name that is no image
+    here, or an image whose sidecar another image shares (`y.png` and `y.jpg`), before writing."""
     have = {p.name: p for p in self.images()}
+    if bad := [n for n in captions if n not in have]:
+        raise ValueError(f"no image {bad[0]!r} in {self.images_dir}")
+    self._refuse_shared_sidecars(set(captions))
     for name, text in captions.items():
-        if name not in have: raise ValueError(f"no image {name!r} in {self.images_dir}")
         with atomic_write(have[name].with_suffix(".txt"), "w") as f: f.write(text.strip() + "\n")
 
 @patch_to(StudioStore)
-def caption_images(self, captioner: str = "course-digits", trigger: str = "") -> dict[str, str]:
-    """Caption every image with `course_lib.flux.captioner.get_captioner(captioner)` (the
-    course's own captioner, or a Hugging Face image-to-text model by name), the `trigger` word in
-    front, and write the sidecars. Returns the captions."""
-    from PIL import Image
+def caption_images(self, captioner: str = "course-digits", trigger: str = "",
+                   replace: bool = False) -> dict[str, str]:
+    """Caption the images with `course_lib.flux.captioner.get_captioner(captioner)` (the course's
+    own captioner, or a Hugging Face image-to-text model by name), the `trigger` word in front,
+    each image opened as the trainer opens it (`open_image`), and write the sidecars. A caption
+    the captioner did not write (uploaded, typed or edited by hand) is kept unless `replace`.
+    Returns every image's caption; `ValueError` for an image sharing its caption file."""
     from course_lib.flux.captioner import get_captioner
     paths = self.images()
     if not paths: raise ValueError("no images to caption: upload some first")
+    self._refuse_shared_sidecars({p.name for p in paths})
+    record, now = self.images_dir/".captioner.json", self.captions()
+    wrote = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
+    todo = [p for p in paths if replace or not now[p.name] or now[p.name] == wrote.get(p.name)]
     cap = get_captioner(captioner)
-    texts = getattr(cap, "caption", cap)([Image.open(p).convert("RGB") for p in paths])
-    caps = {p.name: f"{trigger} {t}".strip() for p, t in zip(paths, texts)}
-    self.set_captions(caps)
-    return caps
+    texts = getattr(cap, "caption", cap)([open_image(p, "RGB") for p in todo]) if todo else []
+    new = {p.name: f"{trigger} {t}".strip() for p, t in zip(todo, texts)}
+    self.set_captions(new)
+    with atomic_write(record, "w") as f: f.write(json.dumps({**wrote, **new}, indent=1))
+    return self.captions()
 
 # %% ../../nbs/83b_studio_store.ipynb #8ed918c9
 @patch_to(StudioStore)
 def image_sizes(self, trainer: str = "unet") -> tuple[list[dict], list[str]]:
-    """Per image: name, size and the bucket the trainer resizes it to, and warnings naming the
-    images whose size differs from the most common one."""
+    """Per image: name, size (width x height after its EXIF orientation, as the trainers read it)
+    and the bucket the trainer resizes it to, and warnings naming the images whose size differs
+    from the most common one."""
     from collections import Counter
     from course_lib.lora.data import assign_bucket
-    from PIL import Image
     s = self.bases[trainer].image_size if trainer in self.bases else 16
     rows = []
     for p in self.images():
-        with Image.open(p) as im: w, h = im.size
+        w, h = open_image(p, "L").size                  # after the EXIF orientation, as trained
         rows.append({"image": p.name, "size": f"{w}x{h}",
                      "bucket": "x".join(map(str, assign_bucket(w, h, [(s, s)])))})
     if not rows: return rows, []
@@ -170,6 +193,14 @@ def run_config(self, name: str):
     return lora_config_from_dict(json.loads((d/"preset.json").read_text()), str(d/"preset.json"))
 
 # %% ../../nbs/83b_studio_store.ipynb #d53bcb1d
+@patch_to(StudioStore)
+def run_images(self, name: str) -> list[Path]:
+    """The images run `name` trains on, each with its caption sidecar beside it: the run's own copy
+    `runs/NAME/data/`, made when it started (so editing `images/` changes no run), or `images/` for
+    a run made before runs kept one."""
+    d = self.root/"runs"/name/"data"
+    return sorted(scan_image_folder(d).ok) if d.is_dir() else self.images()
+
 @patch_to(StudioStore)
 def previews(self, name: str) -> list[Path]:
     "Run `name`'s preview grids, oldest first (every N steps, then the final one)."
