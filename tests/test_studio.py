@@ -388,9 +388,9 @@ def test_client_bad_input_gives_messages(server, digits, tmp_path):
     assert [r[0] for r in table["data"]] == ["corner_000.png"]
     form = {k: v for k, v in zip(*_form(demo))}
     for change, expect in [({"unet-rank": 0}, "rank must be"), ({"unet-rank": 64}, "above the layer width")]:
-        out = c.predict("unet", "bad", 2, *{**form, **change}.values(), api_name="/start")
+        out = c.predict("unet", "bad", 2, "", *{**form, **change}.values(), api_name="/start")
         assert out.startswith("**error**") and expect in out and "Traceback" not in out
-    out = c.predict("unet", "no-captions", 2, *{**form, "unet-rank": 2}.values(), api_name="/start")
+    out = c.predict("unet", "no-captions", 2, "", *{**form, "unet-rank": 2}.values(), api_name="/start")
     assert out.startswith("**error**: corner_000.png: prompt") and "names no digit" in out
     preset = demo.studio.save_preset("unet", {"rank": 2}, "small")
     (tmp_path/"big.json").write_text(preset.read_text().replace(demo.studio.bases["unet"].key, "ddpm-big"))
@@ -430,10 +430,9 @@ def test_client_train_pause_resume_export_generate(server, digits):
     _caption_all(c, digits)
     assert set(demo.studio.captions().values()) == {"a photo of sks digit"}
     form = dict(zip(*_form(demo)))
-    form.update({"unet-rank": 2, "unet-steps": 300, "unet-batch_size": 2, "unet-prior_images": 0,
-                 "unet-preview_every": 0})
-    assert c.predict("unet", "web-1", 0, *form.values(), api_name="/start") == "started web-1 (unet)"
-    busy = c.predict("unet", "web-2", 0, *form.values(), api_name="/start")
+    form.update({"unet-rank": 2, "unet-steps": 300, "unet-batch_size": 2, "unet-prior_images": 0})
+    assert c.predict("unet", "web-1", 0, "", *form.values(), api_name="/start") == "started web-1 (unet)"
+    busy = c.predict("unet", "web-2", 0, "", *form.values(), api_name="/start")
     assert "one trainer at a time" in busy
     t0 = time.time()
     while demo.studio.status().get("step", 0) < 3 and time.time() - t0 < 60: time.sleep(0.2)
@@ -447,11 +446,13 @@ def test_client_train_pause_resume_export_generate(server, digits):
     assert [r[:3] for r in table["data"]] == [["web-1", "unet", "paused"]]
     msg, path = c.predict("web-1", "kohya", "fp32", 0, api_name="/export")
     assert msg.startswith("wrote web-1-kohya-fp32.safetensors") and Path(path).is_file()
-    msg, image, gallery = c.predict("unet", "a photo of sks digit", "", 0, 1.0, 2, "web-1=0.8",
+    msg, image, gallery = c.predict("unet", "a photo of sks digit", "", 3, 0, 1.0, 2, None, None, "web-1=0.8",
                                     api_name="/generate")
     assert msg == "generated with web-1=0.8" and Path(image).is_file()
-    msg = c.predict("unet", "sks", "", 0, 1.0, 2, "web-1=lots", api_name="/generate")[0]
+    msg = c.predict("unet", "sks", "", 2, 0, 1.0, 2, None, None, "web-1=lots", api_name="/generate")[0]
     assert msg.startswith("**error**") and "WEIGHT a number" in msg
+    msg = c.predict("unet", "sks", "", 2, 0, 1.0, 2, 16, 16, "", api_name="/generate")[0]
+    assert msg.startswith("**error**") and "only its own size" in msg
 
 
 def test_client_unit4_concept_rate_and_export_options(tmp_path, digits):
@@ -465,9 +466,8 @@ def test_client_unit4_concept_rate_and_export_options(tmp_path, digits):
         c = Client(url, verbose=False)
         _caption_all(c, digits)
         form = dict(zip(*_form(demo)))
-        form.update({"unet-rank": 2, "unet-steps": 2, "unet-batch_size": 2, "unet-prior_images": 0,
-                     "unet-preview_every": 0})
-        assert c.predict("unet", "u4", 0, *form.values(), api_name="/start") == "started u4 (unet)"
+        form.update({"unet-rank": 2, "unet-steps": 2, "unet-batch_size": 2, "unet-prior_images": 0})
+        assert c.predict("unet", "u4", 0, "", *form.values(), api_name="/start") == "started u4 (unet)"
         demo.studio.wait()
         assert c.predict(api_name="/runs")[0]["choices"] == [["u4", "u4"]]     # "refresh" lists the run to pick
         msg, table, _ = c.predict(["u4"], True, api_name="/compare")
@@ -542,9 +542,8 @@ def test_sigkill_mid_run_then_restart_resumes(tmp_path, digits):
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
         _caption_all(c, digits)
         demo_form = dict(zip(*_form(build_studio(tmp_path/"unused", tiny_bases()))))
-        demo_form.update({"unet-rank": 2, "unet-steps": 100000, "unet-batch_size": 2, "unet-prior_images": 0,
-                          "unet-preview_every": 0})
-        assert c.predict("unet", "killed", 0, *demo_form.values(), api_name="/start").startswith("started")
+        demo_form.update({"unet-rank": 2, "unet-steps": 100000, "unet-batch_size": 2, "unet-prior_images": 0})
+        assert c.predict("unet", "killed", 0, "", *demo_form.values(), api_name="/start").startswith("started")
         ck = root/"runs"/"killed"/"checkpoint.safetensors"
         t0 = time.time()
         while not ck.is_file() and time.time() - t0 < 120: time.sleep(0.2)
@@ -627,8 +626,7 @@ def test_browser_end_to_end(tmp_path, digits):
         page.screenshot(path=str(ARTIFACTS/"data.png"), full_page=True)
         # Train: a long run paused and resumed, then a short second run
         page.get_by_role("tab", name="Train").click()
-        for k, v in {"unet-rank": 2, "unet-steps": 400, "unet-batch_size": 2, "unet-prior_images": 0,
-                     "unet-preview_every": 0}.items():
+        for k, v in {"unet-rank": 2, "unet-steps": 400, "unet-batch_size": 2, "unet-prior_images": 0}.items():
             page.locator(f"#{k} input").fill(str(v))
         page.locator("#every input").fill("0")
         page.locator("#start").click()

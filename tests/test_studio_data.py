@@ -87,6 +87,7 @@ def test_captioning_again_keeps_hand_edited_captions(tmp_path, recorder):
     assert first["c.png"] == "a caption the user uploaded" and first["a.png"].startswith("sks digit")
     s.set_captions({"b.png": "sks my own words"})                     # edited by hand in the Data tab
     s.set_captions(s.captions())                                        # "save captions" of an unedited table
+    assert sorted(s.hand_captions()) == ["b.png", "c.png"]
     recorder.word = "number"
     second = s.caption_images("any", trigger="sks")
     assert second["b.png"] == "sks my own words" and second["c.png"] == "a caption the user uploaded"
@@ -220,3 +221,126 @@ def test_no_images_and_no_steps_are_refused_on_both_bases(tmp_path):
             s.generate(trainer, prompt, {}, steps=2, n=0)
         with pytest.raises(ValueError, match="num_inference_steps must be an int"):
             s.generate(trainer, prompt, {}, steps=0, n=2)
+
+
+def test_memory_bytes_reads_ru_maxrss_in_each_systems_unit(monkeypatch):
+    "Linux reports the peak resident set in KiB, macOS in bytes: the studio's memory column is bytes on both."
+    import resource, types
+    from course_lib.studio import worker
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(resource, "getrusage", lambda who: types.SimpleNamespace(ru_maxrss=300_000))
+    for platform, want in (("linux", 300_000 * 1024), ("darwin", 300_000)):
+        monkeypatch.setattr(sys, "platform", platform)
+        assert worker.memory_bytes() == want
+
+
+def test_every_setting_is_labelled_in_words_with_its_help_and_default(tmp_path):
+    "The Train tab: each trainer setting has a label in words and a line of help naming it and its default; one field a setting."
+    from course_lib.studio import build_studio
+    from course_lib.studio.settings import TRAINERS, settings_fields
+    demo = build_studio(tmp_path/"s", tiny_bases())
+    fields = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)
+              and b.elem_id.split("-")[0] in TRAINERS and b.elem_id not in TRAINERS}
+    for trainer in TRAINERS:
+        for k, v in settings_fields(trainer).items():
+            if k == "preview_every":                     # set once, above both forms
+                assert f"{trainer}-{k}" not in fields
+                continue
+            f = fields[f"{trainer}-{k}"]
+            assert f.label != k and " " in f"{f.label} x", (k, f.label)
+            shown = ", ".join(v) if isinstance(v, tuple) else "empty" if v is None else v
+            assert f.info.endswith(f"({k}, default {shown})") and len(f.info) > len(k) + 20, (k, f.info)
+    every = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "every"]
+    assert len(every) == 1 and "preview" in every[0].label
+
+
+def test_example_concepts_for_each_base(tmp_path):
+    "One click adds a base's example concept with its captions; a second click adds nothing and replaces nothing."
+    s = StudioStore(tmp_path/"s", tiny_bases())
+    s.add_images([("9_000.png", png(0))])                             # the user's own file of that name stays
+    rep = s.add_examples("unet")
+    assert len(rep["added"]) == 40 and ("9_000.png", "9_000-2.png") in rep["renamed"]
+    assert (s.images_dir/"9_000.png").read_bytes() == png(0) and s.captions()["9_000.png"] == ""
+    caps = s.captions()
+    assert {caps[n] for n in rep["added"]} == {"a photo of sks digit"}
+    again = s.add_examples("unet")
+    assert again["added"] == [] and len(again["skipped"]) == 40 and len(s.images()) == 41
+    flux = s.add_examples("flux")
+    side = {b.trainer: b.image_size for b in s.bases.values()}["flux"]
+    assert len(flux["added"]) == 24 and all(s.captions()[n].startswith("sks ") for n in flux["added"])
+    assert {Image.open(s.images_dir/n).size for n in flux["added"]} == {(side, side)}
+
+
+def test_generate_takes_a_size_on_flux_and_the_gallery_builds_the_mix(tmp_path):
+    "The Generate tab's number of images and size, and a clicked adapter added to the mix at the slider's weight."
+    from course_lib.studio.tab_generate import _with_adapter
+    s = Studio(tmp_path/"s", tiny_bases(), train_in="thread")
+    side = {b.trainer: b.image_size for b in s.bases.values()}
+    x = s.generate("flux", "sks seven", {}, steps=2, n=3, width=2 * side["flux"], height=side["flux"])
+    assert x.shape == (3, 1, side["flux"], 2 * side["flux"])
+    assert s.generate("flux", "sks seven", {}, steps=2, n=1).shape[-2:] == (side["flux"], side["flux"])
+    with pytest.raises(ValueError, match="sizes must be positive multiples of"):
+        s.generate("flux", "sks seven", {}, steps=2, n=1, width=side["flux"] + 3)
+    with pytest.raises(ValueError, match="only its own size"):
+        s.generate("unet", "a photo of digit seven", {}, steps=2, n=1, width=2 * side["unet"])
+    assert _with_adapter("", "a", 1.0) == "a=1"
+    assert _with_adapter("a=1, b=0.5", "a", 0.25) == "b=0.5, a=0.25"
+    assert _with_adapter("a=1", "b", 0.75) == "a=1, b=0.75"
+
+
+def test_sample_prompts_parse_as_sd_scripts_writes_them():
+    from course_lib.lora.run import parse_sample_prompt
+    assert parse_sample_prompt("a photo of sks digit --d 42 --w 16 --h 32 --l 3.5 --s 20 --n blurry, ugly") == {
+        "prompt": "a photo of sks digit", "seed": 42, "width": 16, "height": 32, "guidance": 3.5, "steps": 20,
+        "negative": "blurry, ugly"}
+    assert parse_sample_prompt("  sks seven  ") == {"prompt": "sks seven"}
+    for bad, why in [("--d 3", "prompt comes first"), ("x --q 1", "unknown flag --q"), ("x --d", "--d .seed. needs"),
+                     ("x --s 0", "--s .steps. needs a number >= 1"), ("x --w abc", "--w .width."),
+                     ("x --l 0.5", "--l .guidance.")]:
+        with pytest.raises(ValueError, match=why):
+            parse_sample_prompt(bad)
+
+
+def _grid_size(n: int, h: int, w: int, nrow: int, upscale: int = 4) -> tuple[int, int]:
+    from course_lib.data.plots import image_grid
+    g = image_grid(torch.zeros(n, 1, h, w), nrow)
+    return g.shape[1] * upscale, g.shape[0] * upscale
+
+
+def test_previews_draw_the_sample_prompts_each_with_its_settings(studio):
+    "Kept with the run, checked before training; unit 4: a row of 4 a prompt; FLUX: one image a prompt at its size."
+    side = {b.trainer: b.image_size for b in studio.bases.values()}
+    for trainer, bad, why in (("unet", "a photo of sks digit --w 32", "own size|without guidance"),
+                              ("flux", "sks seven --w 19", "multiples of"), ("unet", "x --q 2", "unknown flag")):
+        cfg = {**UNET, "steps": 2} if trainer == "unet" else {"rank": 2, "steps": 2, "batch_size": 2}
+        with pytest.raises(ValueError, match=why):
+            studio.start(trainer, f"bad-{trainer}", cfg, 2, [bad])
+        assert not (studio.root/"runs"/f"bad-{trainer}"/"checkpoint.safetensors").exists()
+    prompts = ["a photo of sks digit --d 3 --s 3", "a photo of digit seven --d 4"]
+    studio.start("unet", "u", {**UNET, "steps": 2}, 2, prompts)
+    studio.wait()
+    assert json.loads((studio.root/"runs"/"u"/"studio.json").read_text())["preview_prompts"] == prompts
+    assert Image.open(studio.previews("u")[-1]).size == _grid_size(8, side["unet"], side["unet"], nrow=4)
+    f = side["flux"]
+    studio.start("flux", "f", {"rank": 2, "steps": 2, "batch_size": 2, "trigger": "sks"}, 2,
+                 [f"sks seven --w {2 * f} --d 3 --l 2 --n sks one", "sks one --s 3"])
+    studio.wait()
+    assert studio.run_info("f")["state"] == "done", studio.status()
+    want = _grid_size(2, f, 2 * f, nrow=8)
+    assert Image.open(studio.root/"runs"/"f"/"preview.png").size == want
+    assert Image.open(studio.previews("f")[0]).size == want
+
+
+def test_a_click_on_the_gallery_adds_that_adapter_and_its_trigger(studio):
+    "Gradio hands the click to `pick` (its `evt` is typed as an object Gradio recognises), which fills the mix."
+    import types
+    import gradio as gr
+    from gradio.utils import get_type_hints
+    from course_lib.studio.tab_generate import _generate_handlers
+    studio.start("unet", "r", {**UNET, "steps": 2, "preview_every": 2})
+    studio.wait()
+    pick = _generate_handlers(studio, gr)["pick"]
+    assert get_type_hints(pick)["evt"] is gr.SelectData
+    i = [c.split(" ")[0] for _, c in studio.gallery()].index("r")
+    assert pick("other=1", 0.5, "a photo of digit seven", types.SimpleNamespace(index=i)) == (
+        "other=1, r=0.5", "sks a photo of digit seven", "unet")

@@ -224,7 +224,7 @@ def scan_image_folder(folder: str | os.PathLike, recursive: bool = True,
 def save_upload(folder: str | os.PathLike, name: str, data: bytes) -> tuple[Path, str]:
     """Save the uploaded image `data` (bytes) named `name` in `folder` (made if missing) without
     replacing any file there. The stem keeps letters, digits, '_' and '-' (others become '_'), the
-    extension is kept if it is an image's (`IMAGE_EXTENSIONS`, else '.png'); a stem already used
+    extension is kept if it is an image's (`IMAGE_EXTENSIONS`, else '.png'), and a stem already used
     by a file of `folder` (case ignored, as macOS and Windows ignore it) gets '-2', '-3', ..., so no
     two images share a caption sidecar. Returns `(path, how)`: how is 'added' (saved as `name`),
     'renamed' (saved under another name) or 'duplicate' (those bytes are already in `folder`, at
@@ -246,9 +246,10 @@ def save_upload(folder: str | os.PathLike, name: str, data: bytes) -> tuple[Path
     with atomic_write(folder/f"{new}{ext}", "wb") as f: f.write(data)
     return folder/f"{new}{ext}", "added" if f"{new}{ext}" == Path(name).name else "renamed"
 
-def sidecar_clashes(files: Sequence[str | os.PathLike], caption_ext: str = ".txt") -> list[list[Path]]:
+def sidecar_clashes(files: Sequence[str | os.PathLike],
+                    caption_ext: str = ".txt") -> list[list[Path]]:
     """The groups of images among `files` that share one caption sidecar (`y.png` and `y.jpg`
-    both read and write `y.txt`), each sorted; empty when every image has its own."""
+    both read and write `y.txt`), each sorted, and none when every image has its own."""
     groups = {}
     for f in files: groups.setdefault(Path(f).with_suffix(caption_ext), []).append(Path(f))
     return [sorted(g) for g in groups.values() if len(g) > 1]

@@ -214,14 +214,16 @@ def load_settings(self, path: str | os.PathLike) -> FluxLoRAConfig:
         for k in _WIDGET_KEYS: self.w[k].value = getattr(self.config, k)
     return self.config
 
+# %% ../../nbs/75_flux_dashboard.ipynb #3723e568
 @patch_to(FluxLoRADashboard)
 def add_images(self, files, caption: str) -> list[Path]:
-    """Save uploaded images into the image folder, each with the caption sidecar `caption` (UTF-8;
-    the trigger word is added in front when missing), with `save_upload`: nothing in the folder is
-    replaced (a taken name gets '-2', ...; an image already there is not added again, its caption
-    kept). `files`: a `FileUpload` widget or its `.value` (ipywidgets 7 or 8), or `(name, bytes)`
-    pairs: see `uploaded_files`. Returns the paths of the images added. Raises `ValueError` naming
-    an unreadable image (before anything is saved), `TypeError` for what is no upload."""
+    """Save uploaded images into the image folder, each with the caption sidecar `caption` (in
+    UTF-8, the trigger word added in front when missing), with `save_upload`: nothing in the
+    folder is replaced (a taken name gets '-2', ..., and an image already there is not added
+    again, its caption kept). `files`: a `FileUpload` widget or its `.value` (ipywidgets 7 or 8),
+    or `(name, bytes)` pairs: see `uploaded_files`. Returns the paths of the images added. Raises
+    `ValueError` naming an unreadable image (before anything is saved), `TypeError` for what is
+    no upload."""
     from PIL import Image
     from course_lib.data.images import save_upload
     trig = self._settings().trigger

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy, json, math, os, time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -24,9 +25,9 @@ from .io import save_adapter
 from .train import LoRATrainConfig, diffusion_loss, prior_set, train_lora, train_step
 
 # %% auto #0
-__all__ = ['LORA_PRESET_FORMAT', 'check_lora_folder', 'parse_adapter_spec', 'train_adapter', 'adapter_path', 'adapter_is_cached',
-           'load_or_train_adapter', 'save_lora_preset', 'lora_config_from_dict', 'load_lora_preset', 'LoRARun',
-           'train_lora_run']
+__all__ = ['LORA_PRESET_FORMAT', 'SAMPLE_FLAGS', 'check_lora_folder', 'parse_adapter_spec', 'train_adapter', 'adapter_path',
+           'adapter_is_cached', 'load_or_train_adapter', 'save_lora_preset', 'lora_config_from_dict',
+           'load_lora_preset', 'LoRARun', 'parse_sample_prompt', 'train_lora_run']
 
 # %% ../../nbs/49_lora_command.ipynb #9dfc4cba
 def check_lora_folder(folder: str | os.PathLike, trigger: str = TRIGGER, size: int = 1,
@@ -207,16 +208,58 @@ def _lora_checkpoint(model, opt, gen, cfg, run_dir: Path, step, history, seconds
     save_checkpoint(run_dir/"checkpoint.safetensors", state,
                     metadata={"config": json.dumps(cfg.to_dict()), "step": str(step), **info})
 
-def _lora_preview(model, cfg, run_dir: Path, step: int):
+def _lora_preview(model, cfg, run_dir: Path, step: int, prompts=()):
+    "The preview grid: 8 images of the trigger, or a row of 4 for each sample prompt (parsed)."
     from course_lib.data.plots import save_image_grid
     model.eval()
-    x = generate(model, f"a photo of {cfg.trigger} digit", n=8, seed=cfg.seed,
-                 num_inference_steps=20, trigger=cfg.trigger)
+    rows = prompts or [{"prompt": f"a photo of {cfg.trigger} digit"}]
+    n = 4 if prompts else 8
+    x = torch.cat([generate(model, p["prompt"], n=n, seed=p.get("seed", cfg.seed),
+                            num_inference_steps=p.get("steps", 20), trigger=cfg.trigger)
+                   for p in rows])
     model.train()
     (run_dir/"previews").mkdir(exist_ok=True)
-    save_image_grid(x, run_dir/"previews"/f"step_{step:06d}.png", upscale=4)
+    save_image_grid(x, run_dir/"previews"/f"step_{step:06d}.png", nrow=n, upscale=4)
     return x
 
+def _unet_sample_prompts(prompts, base) -> list[dict]:
+    "Parse the sample prompts for unit 4's UNet: its own size only, and no guidance."
+    out, side = [parse_sample_prompt(p) for p in prompts], base.ddpm_config.image_size
+    for p in out:
+        if {p.get("width", side), p.get("height", side)} != {side} or p.get("guidance", 1) != 1:
+            raise ValueError(f"sample prompt {p['prompt']!r}: unit 4's UNet previews draw "
+                             f"{side}x{side} without guidance: leave out --w, --h and --l")
+    return out
+
+
+# %% ../../nbs/49_lora_command.ipynb #08a33c45
+SAMPLE_FLAGS = {"d": ("seed", int), "w": ("width", int), "h": ("height", int),
+                "l": ("guidance", float), "s": ("steps", int), "n": ("negative", str)}
+
+def parse_sample_prompt(line: str) -> dict:
+    """One sample prompt as sd-scripts and fluxgym write them, `PROMPT --d SEED --w WIDTH --h HEIGHT
+    --l GUIDANCE --s STEPS --n NEGATIVE` (each flag optional), as `{'prompt': ..., and the flags
+    given, named seed, width, height, guidance, steps, negative}`. Raises `ValueError` naming the
+    prompt and the flag: unknown, without a value, not a number, or below 1 (sides, steps and the
+    guidance scale). Source: kohya-ss sd-scripts, `library/train_util.py` (`sample_images`)."""
+    parts = str(line).strip().split(" --")
+    out = {"prompt": parts[0].strip()}
+    if not out["prompt"] or out["prompt"].startswith("--"):
+        raise ValueError(f"sample prompt {line!r}: the prompt comes first, then the flags")
+    for part in parts[1:]:
+        flag, _, value = part.strip().partition(" ")
+        if flag not in SAMPLE_FLAGS:
+            raise ValueError(f"sample prompt {line!r}: unknown flag --{flag} (known: "
+                             f"{', '.join('--' + f for f in SAMPLE_FLAGS)})")
+        name, kind = SAMPLE_FLAGS[flag]
+        try: out[name] = kind(value.strip()) if value.strip() else None
+        except ValueError: out[name] = None
+        low = 1 if name in ("width", "height", "steps", "guidance") else None
+        if out[name] is None or (low is not None and out[name] < low):
+            need = f"a number >= {low}" if low else f"a value of type {kind.__name__}"
+            raise ValueError(f"sample prompt {line!r}: --{flag} ({name}) needs {need}, "
+                             f"got {value.strip()!r}")
+    return out
 
 # %% ../../nbs/49_lora_command.ipynb #1cf2f2e4
 def _lora_setup(base, folder, cfg, run_dir: Path, resume: bool):
@@ -239,18 +282,18 @@ def _lora_setup(base, folder, cfg, run_dir: Path, resume: bool):
 
 # %% ../../nbs/49_lora_command.ipynb #77dd548d
 def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrainConfig | None,
-                   run_dir: str | os.PathLike, resume: bool = True, callback=None,
-                   stop_event=None, checkpoint_every: int = 25) -> LoRARun:
+                   run_dir: str | os.PathLike, resume: bool = True, callback=None, stop_event=None,
+                   checkpoint_every: int = 25, sample_prompts: Sequence[str] = ()) -> LoRARun:
     """Train an adapter on a copy of `base` on the images and captions of `folder`, in `run_dir`
-    (see above). `callback(row, preview)` after each step (`preview`: images or None),
-    `stop_event` set: checkpoint, write the adapter and return (`stopped=True`). A larger
-    `config.steps` continues a finished run, other changed settings take effect from the step it
-    resumes at (a `ResumeWarning` names them). Raises `ValueError` for a checkpoint of another
-    adapter, base model, prior set or seed, and what `ConceptDataset` and `encode_prompt` raise
-    for unusable images or captions."""
+    (see above), `callback(row, preview)` after each step, `stop_event` set: checkpoint and stop.
+    A larger `config.steps` continues a finished run (a `ResumeWarning` names other changes).
+    `sample_prompts`: the previews', a row each (`parse_sample_prompt`: --d seed, --s steps).
+    `ValueError` before training for a bad one, a checkpoint of another adapter, base, prior set
+    or seed, and unusable images or captions."""
     from functools import partial
     from accelerate import Accelerator
     cfg, dcfg, run_dir = config or LoRATrainConfig(), base.ddpm_config, Path(run_dir)
+    samples = _unet_sample_prompts(sample_prompts, base)
     ds, labels, prior, model, params, opt, gen, (step, hist, secs, info) = _lora_setup(
         base, folder, cfg, run_dir, resume)
     acc = Accelerator(cpu=get_device().type == "cpu")
@@ -266,7 +309,7 @@ def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrain
         hist.append({"step": step, "loss": loss.item(), "concept_loss": lc.item(),
                      "prior_loss": lp.item(), "seconds": round(time.perf_counter() - t0, 3)})
         due = cfg.preview_every and (step % cfg.preview_every == 0 or step == cfg.steps)
-        preview = _lora_preview(model, cfg, run_dir, step) if due else None
+        preview = _lora_preview(model, cfg, run_dir, step, samples) if due else None
         if callback is not None: callback(hist[-1], preview)
         stopped = stop_event is not None and stop_event.is_set() and step < cfg.steps
         if step % checkpoint_every == 0 or step == cfg.steps or stopped:

@@ -178,31 +178,28 @@ def _unet_model(pipe, guidance: float, negative_prompt: str, trigger: str | None
 @patch_to(StudioModels)
 def generate(self, trainer: str, prompt: str, adapters: dict[str, float] | None = None,
              negative_prompt: str = "", seed: int = 0, guidance: float = 1.0, steps: int = 20,
-             n: int = 8) -> torch.Tensor:
+             n: int = 8, width: int | None = None, height: int | None = None) -> torch.Tensor:
     """`n` images for `prompt` with the runs (or loaded files) `adapters` at their weights on the
     one loaded pipeline. `guidance` > 1 is classifier-free guidance against `negative_prompt`:
     FLUX through `course_lib.flux.mini.generate`, the unit 4 UNet (no text encoder: prompts name a
     digit or the trigger) through `_unet_model`, where the negative prompt is required. Returns
-    images in [0, 1], `ValueError` naming a bad `n`, `steps` or `guidance` (0 is no default)."""
+    images in [0, 1], `ValueError` naming a bad `n`, `steps` or `guidance` (0 is no default).
+    `width`, `height`: see `_check_generate_size` (None: the base's own size)."""
     from course_lib.flux.guidance import check_guidance_scale
     from course_lib.lora.layers import set_adapters
     guidance = check_guidance_scale(guidance)
     pipe, loaded = self.generator(check_trainer(trainer))
-    names = {}
-    for a, w in (adapters or {}).items():
-        if a not in loaded:
-            run = self.root/"runs"/a/"adapter.safetensors"
-            if not run.is_file(): raise ValueError(f"no adapter {a!r}: train or load it first")
-            self.load_adapter_file(trainer, run, a)
-        names[_adapter_id(a)] = float(w)
+    names = self._adapter_weights(trainer, adapters or {}, loaded)
+    side = self._check_generate_size(trainer, width, height)
     if trainer == "flux":
         if names: pipe.set_adapters(list(names), list(names.values()))
         elif loaded: pipe.disable_lora()
         if names: pipe.enable_lora()
-        if guidance > 1:
+        if guidance > 1 or {width, height} - {None, side}:
             from course_lib.flux.mini import generate as flux_cfg
             x = flux_cfg(pipe, repeat_prompts(prompt, n), guidance_scale=guidance, seed=seed,
-                         num_inference_steps=steps, negative_prompt=negative_prompt or None)
+                         num_inference_steps=steps, negative_prompt=negative_prompt or None,
+                         height=height, width=width)
             return (x + 1) / 2
         return flux_generate(pipe, prompt, self.bases["flux"].image_size, n=n,
                              num_inference_steps=steps, seed=seed)
@@ -214,6 +211,30 @@ def generate(self, trainer: str, prompt: str, adapters: dict[str, float] | None 
     x = unet_generate(model, prompt, n=n, seed=seed, num_inference_steps=steps,
                       **({"trigger": trig} if trig else {}))
     return (x + 1) / 2
+
+# %% ../../nbs/83d_studio_models.ipynb #97c09475
+@patch_to(StudioModels)
+def _check_generate_size(self, trainer: str, width, height) -> int:
+    """The base's side. FLUX draws any multiple of twice its VAE's downsampling (2x2 patches of
+    latents, 16 for FLUX.1's 8x VAE: `check_side` names a bad one when it draws), the unit 4 UNet
+    only its own size: `ValueError` for another."""
+    side = self.bases[trainer].image_size
+    if trainer == "unet" and {width, height} - {None, side}:
+        raise ValueError(f"width={width!r}, height={height!r}: the unit 4 UNet draws only its own "
+                         f"size, {side}x{side} (leave them empty)")
+    return side
+
+@patch_to(StudioModels)
+def _adapter_weights(self, trainer: str, adapters: dict, loaded) -> dict[str, float]:
+    "`{adapter id: weight}` of `adapters` (runs or files), loading a run's adapter not loaded yet."
+    names = {}
+    for a, w in adapters.items():
+        if a not in loaded:
+            run = self.root/"runs"/a/"adapter.safetensors"
+            if not run.is_file(): raise ValueError(f"no adapter {a!r}: train or load it first")
+            self.load_adapter_file(trainer, run, a)
+        names[_adapter_id(a)] = float(w)
+    return names
 
 # %% ../../nbs/83d_studio_models.ipynb #ed02378f
 @patch_to(StudioModels)

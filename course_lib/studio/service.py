@@ -44,7 +44,7 @@ class Studio(StudioModels):
 
 # %% ../../nbs/83e_studio_service.ipynb #23abc939
 @patch_to(Studio)
-def _check_start(self, trainer: str, name: str, cfg):
+def _check_start(self, trainer: str, name: str, cfg, prompts: Sequence[str] = ()):
     if not re.fullmatch(r"[\w-]+", name or ""):
         raise ValueError(f"run name {name!r}: use letters, digits, '_' or '-'")
     if self.running:
@@ -58,13 +58,27 @@ def _check_start(self, trainer: str, name: str, cfg):
         was = json.loads((d/"studio.json").read_text(encoding="utf-8"))["trainer"]
         if was != trainer: raise ValueError(f"run {name!r} is a {was} run, not {trainer}")
     if (d/"adapter.safetensors").is_file() and not (d/"checkpoint.safetensors").is_file():
-        raise ValueError(f"run {name!r} has its adapter but no checkpoint ({d/'checkpoint.safetensors'}"
-                         " is gone): training it again would start from step 1 and replace the "
+        raise ValueError(f"run {name!r} has its adapter but no checkpoint "
+                         f"({d/'checkpoint.safetensors'} is gone): training it again would start "
+                         "from step 1 and replace the "
                          "adapter; start a run of another name instead")
     model = self.base(trainer)
     check_rank(model.transformer if trainer == "flux" else model, cfg.target_modules, cfg.rank)
     if trainer == "unet": self._check_captions(cfg.trigger, self.run_images(name))
+    self._check_sample_prompts(trainer, model, prompts)
     return d
+
+# %% ../../nbs/83e_studio_service.ipynb #792a97bb
+@patch_to(Studio)
+def _check_sample_prompts(self, trainer: str, model, prompts: Sequence[str]) -> None:
+    "`ValueError` for a sample prompt its base cannot draw as written (`parse_sample_prompt`)."
+    from course_lib.flux.io import check_side
+    from course_lib.lora.run import _unet_sample_prompts, parse_sample_prompt
+    if trainer == "unet": return None if not prompts else _unet_sample_prompts(prompts, model)
+    for p in map(parse_sample_prompt, prompts):
+        for side in ("width", "height"):
+            if side in p:
+                check_side(model, f"--{side[0]} of sample prompt {p['prompt']!r}", p[side])
 
 @patch_to(Studio)
 def _check_captions(self, trigger: str, images: Sequence[Path]) -> None:
@@ -112,6 +126,8 @@ def start(self, trainer: str, name: str, config, preview_every: int = 0,
     """Train run `name` with `config` (a `LoRATrainConfig` / `FluxLoRAConfig`, or a dict of form
     values) in a process of its own (`train_in='process'`) or a background thread: a new run, or the
     run resumed from its checkpoint. Returns at once: `status()` follows it, `wait()` joins it.
+    `preview_prompts`: the previews' sample prompts in sd-scripts' syntax (`parse_sample_prompt`),
+    checked against the base first and kept with the run.
     Raises `ValueError` for bad input (a base whose loader cannot reach a training process
     included) and `RuntimeError` while another run trains (here or in another process on the same
     `root`)."""
@@ -121,23 +137,15 @@ def start(self, trainer: str, name: str, config, preview_every: int = 0,
     if trainer == "unet" and preview_every: cfg = replace(cfg, preview_every=int(preview_every))
     if not self._lock.acquire(blocking=False): raise RuntimeError("a run is starting: wait")
     try:
-        d = self._check_start(trainer, name, cfg)
+        d = self._check_start(trainer, name, cfg, preview_prompts)
         job = self._job(trainer) if self.train_in == "process" else None
         lock = FileLock(str(self.root/"trainer.lock"), thread_local=False)
         try: lock.acquire(timeout=0)
         except Timeout:
             raise RuntimeError(f"another studio process is training in {self.root}: one trainer "
                                "at a time") from None
-        d.mkdir(parents=True, exist_ok=True)
+        meta = self._run_meta(trainer, d, preview_every, preview_prompts)
         ck = d/"checkpoint.safetensors"
-        old = (json.loads((d/"studio.json").read_text(encoding="utf-8"))
-               if (d/"studio.json").is_file() else {})
-        data = old.get("data") if (d/"data").is_dir() else None
-        if data is None and not ck.is_file(): data = self._snapshot(d)
-        meta = {"trainer": trainer, "base": self.bases[trainer].key,
-                "preview_every": int(preview_every or 0), "preview_prompts": list(preview_prompts),
-                **({"data": data} if data is not None else {})}
-        with atomic_write(d/"studio.json", "w") as f: f.write(json.dumps(meta, indent=1))
         self._stop.clear()
         hist = list(load_checkpoint(ck)[0]["history"]) if ck.is_file() else []
         self.live = {"run": name, "trainer": trainer, "step": len(hist), "steps": cfg.steps,
@@ -147,6 +155,22 @@ def start(self, trainer: str, name: str, config, preview_every: int = 0,
                                         daemon=True)
         self._thread.start()
     finally: self._lock.release()
+
+# %% ../../nbs/83e_studio_service.ipynb #84324d1a
+@patch_to(Studio)
+def _run_meta(self, trainer: str, d: Path, preview_every, preview_prompts) -> dict:
+    """Write and return run folder `d`'s `studio.json`: trainer, base, previews and the SHA-256 of
+    its data, snapshot into `d/data` when a new run starts (`_snapshot`)."""
+    d.mkdir(parents=True, exist_ok=True)
+    old = (json.loads((d/"studio.json").read_text(encoding="utf-8"))
+           if (d/"studio.json").is_file() else {})
+    data = old.get("data") if (d/"data").is_dir() else None
+    if data is None and not (d/"checkpoint.safetensors").is_file(): data = self._snapshot(d)
+    meta = {"trainer": trainer, "base": self.bases[trainer].key,
+            "preview_every": int(preview_every or 0), "preview_prompts": list(preview_prompts),
+            **({"data": data} if data is not None else {})}
+    with atomic_write(d/"studio.json", "w") as f: f.write(json.dumps(meta, indent=1))
+    return meta
 
 # %% ../../nbs/83e_studio_service.ipynb #a3a49bc7
 @patch_to(Studio)

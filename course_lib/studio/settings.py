@@ -37,8 +37,9 @@ class StudioBase:
     source: str = ""
 
 def default_bases() -> list[StudioBase]:
-    """The course's own base models, from the course cache (trained there on first use): unit 4's
-    `load_base()` and unit 7's `load_flux_mini()`. Their `load` is a `functools.partial` of a
+    """The course's own base models, which ship with the package (`course_lib/pretrained/`, copied
+    into the course cache on first use: nothing trains): unit 4's `load_base()` and unit 7's
+    `load_flux_mini()`. Their `load` is a `functools.partial` of a
     library function, and their `source` names this function, so that a training process can make
     the base itself (see `course_lib.studio.worker`)."""
     from course_lib.flux.io import FluxMiniConfig

@@ -75,6 +75,28 @@ def add_images(self, files: Sequence) -> dict:
         if how == "renamed": renamed.append((name, path.name))
     return {"added": added, "renamed": renamed, "skipped": skipped}
 
+# %% ../../nbs/83b_studio_store.ipynb #877d91dd
+@patch_to(StudioStore)
+def add_examples(self, trainer: str) -> dict:
+    """Add the course's own example concept for `trainer`, images and captions, at its base's
+    size, as its lesson trains it: 'unet' lesson 42's real nines ('a photo of sks digit',
+    `write_concept_folder`), 'flux' lesson 73's digits in the top-left corner ('sks seven', ...,
+    `write_corner_folder`). Saved like uploads (`add_images`: nothing here is replaced, and a
+    second click adds nothing). Returns `add_images`'s report."""
+    import tempfile
+    from course_lib.flux.lora_train import write_corner_folder
+    from course_lib.lora.base import write_concept_folder
+    side = self.bases[check_trainer(trainer)].image_size
+    with tempfile.TemporaryDirectory() as tmp:
+        write = write_concept_folder if trainer == "unet" else write_corner_folder
+        files = sorted(write(Path(tmp), pixels=side).glob("*.png"))
+        rep = self.add_images(files)
+        saved = {**{p.name: p.name for p in files}, **dict(rep["renamed"])}
+        self.set_captions({saved[p.name]: p.with_suffix(".txt").read_text(encoding="utf-8")
+                           for p in files if saved[p.name] in rep["added"]})
+    return rep
+
+# %% ../../nbs/83b_studio_store.ipynb #000411cb
 @patch_to(StudioStore)
 def images(self) -> list[Path]:
     "The usable training images in `images/`."
@@ -113,6 +135,7 @@ def set_captions(self, captions: dict[str, str]) -> None:
     for name, text in captions.items():
         with atomic_write(have[name].with_suffix(".txt"), "w") as f: f.write(text.strip() + "\n")
 
+# %% ../../nbs/83b_studio_store.ipynb #c9a282f4
 @patch_to(StudioStore)
 def caption_images(self, captioner: str = "course-digits", trigger: str = "",
                    replace: bool = False) -> dict[str, str]:
@@ -120,20 +143,32 @@ def caption_images(self, captioner: str = "course-digits", trigger: str = "",
     own captioner, or a Hugging Face image-to-text model by name), the `trigger` word in front,
     each image opened as the trainer opens it (`open_image`), and write the sidecars. A caption
     the captioner did not write (uploaded, typed or edited by hand) is kept unless `replace`.
-    Returns every image's caption; `ValueError` for an image sharing its caption file."""
+    Returns every image's caption. `ValueError` for an image sharing its caption file."""
     from course_lib.flux.captioner import get_captioner
     paths = self.images()
     if not paths: raise ValueError("no images to caption: upload some first")
     self._refuse_shared_sidecars({p.name for p in paths})
-    record, now = self.images_dir/".captioner.json", self.captions()
-    wrote = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
-    todo = [p for p in paths if replace or not now[p.name] or now[p.name] == wrote.get(p.name)]
+    keep = set() if replace else set(self.hand_captions())
+    todo = [p for p in paths if p.name not in keep]
     cap = get_captioner(captioner)
     texts = getattr(cap, "caption", cap)([open_image(p, "RGB") for p in todo]) if todo else []
     new = {p.name: f"{trigger} {t}".strip() for p, t in zip(todo, texts)}
     self.set_captions(new)
-    with atomic_write(record, "w") as f: f.write(json.dumps({**wrote, **new}, indent=1))
+    with atomic_write(self.images_dir/".captioner.json", "w") as f:
+        f.write(json.dumps({**self._captioner_wrote(), **new}, indent=1))
     return self.captions()
+
+@patch_to(StudioStore)
+def _captioner_wrote(self) -> dict[str, str]:
+    record = self.images_dir/".captioner.json"
+    return json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
+
+@patch_to(StudioStore)
+def hand_captions(self) -> list[str]:
+    """The images whose caption was uploaded, typed or edited by hand: not empty and not the text
+    the captioner last wrote for it (`caption_images` keeps these unless `replace`)."""
+    wrote = self._captioner_wrote()
+    return [n for n, c in self.captions().items() if c and c != wrote.get(n)]
 
 # %% ../../nbs/83b_studio_store.ipynb #8ed918c9
 @patch_to(StudioStore)

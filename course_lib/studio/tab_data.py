@@ -14,13 +14,20 @@ __all__ = []
 # %% ../../nbs/83g_studio_tab_data.ipynb #156bb3e3
 def _data_tab(st: Studio, gr) -> dict:
     with gr.Tab("Data"):
+        gr.Markdown(_sizes_said(st), elem_id="data-sizes")
         ui = dict(files=gr.File(label="images", file_count="multiple", elem_id="upload"))
+        with gr.Row():
+            ui["ex_unet"] = gr.Button("add unit 4's example: real nines, trigger sks",
+                                      elem_id="examples-unet")
+            ui["ex_flux"] = gr.Button("add unit 7's example: digits in the top-left corner",
+                                      elem_id="examples-flux")
         with gr.Row():
             ui["captioner"] = gr.Dropdown(
                 ["course-digits", "Salesforce/blip-image-captioning-base",
                  "microsoft/Florence-2-base"], value="course-digits", allow_custom_value=True,
                 label="captioner (name)")
             ui["trigger"] = gr.Textbox("sks", label="trigger word in front")
+            ui["replace"] = gr.Checkbox(False, label="replace captions written by hand")
             ui["caption"] = gr.Button("caption with the model", elem_id="caption")
         ui["table"] = gr.Dataframe(headers=["image", "size", "bucket", "caption"],
                                    interactive=True, elem_id="captions",
@@ -31,26 +38,39 @@ def _data_tab(st: Studio, gr) -> dict:
         ui["msg"] = gr.Markdown(elem_id="data-status")
     return ui
 
+def _sizes_said(st: Studio) -> str:
+    "What an upload becomes: each base's training size, said where images are added."
+    sides = ", ".join(f"the {b.trainer} base {b.image_size}x{b.image_size}"
+                      for b in st.bases.values())
+    return (f"Each base trains at one square size: {sides} pixels. An uploaded image is turned "
+            "upright (its EXIF orientation), scaled to cover that square and centre-cropped, so a "
+            "photo becomes a thumbnail of its centre: upload images whose subject fills the "
+            "frame. The course's bases draw grey digits.")
+
 def _data_rows(st: Studio):
     "The Data tab's table (image, size, bucket, caption) and the warnings about odd sizes."
     caps, (sizes, warn) = st.captions(), st.image_sizes("unet")
     return [[r["image"], r["size"], r["bucket"], caps.get(r["image"], "")] for r in sizes], warn
 
-# %% ../../nbs/83g_studio_tab_data.ipynb #0803af0d
-def _data_events(st: Studio, gr, ui: dict) -> None:
+# %% ../../nbs/83g_studio_tab_data.ipynb #3303fb8b
+def _data_handlers(st: Studio, gr) -> dict:
     @_guard(1)
     def upload(paths):
         rep = st.add_images(paths or [])
         t, warn = _data_rows(st)
         lines = [f"added {len(rep['added'])} image(s)"] if rep["added"] else ["no image added"]
+        lines += [f"**{n}** saved as **{new}** (its name was taken: nothing is overwritten)"
+                  for n, new in rep["renamed"]]
         lines += [f"skipped **{n}**: {why}" for n, why in rep["skipped"]] + warn
         for w in lines[1:]: gr.Warning(w.replace("**", ""))
         return "  \n".join(lines), t
 
     @_guard(1)
-    def caption(name, trig):
-        st.caption_images(name, trig)
-        return f"captioned {len(st.images())} image(s) with {name}", _data_rows(st)[0]
+    def caption(name, trig, replace):
+        kept = 0 if replace else len(st.hand_captions())
+        st.caption_images(name, trig, replace=bool(replace))
+        note = f", keeping {kept} written by hand (tick 'replace' to redo them)" if kept else ""
+        return f"captioned {len(st.images())} image(s) with {name}{note}", _data_rows(st)[0]
 
     @_guard()
     def save(t):
@@ -58,14 +78,28 @@ def _data_events(st: Studio, gr, ui: dict) -> None:
         st.set_captions({r[0]: str(r[3]) for r in data if r and r[0]})
         return f"saved {len(data)} caption(s)"
 
+    def examples(trainer):
+        @_guard(1)
+        def add():
+            rep = st.add_examples(trainer)
+            said = f"added {len(rep['added'])} example image(s) with their captions"
+            if rep["skipped"]: said += f", {len(rep['skipped'])} already here"
+            return said, _data_rows(st)[0]
+        return add
+
     @_guard(1)
     def clear():
         st.clear_images()
         return "removed all images", []
+    return dict(upload=upload, caption=caption, save=save, examples=examples, clear=clear)
 
-    msg, table = ui["msg"], ui["table"]
-    ui["files"].upload(upload, ui["files"], [msg, table], api_name="upload_images")
-    ui["caption"].click(caption, [ui["captioner"], ui["trigger"]], [msg, table],
-                        api_name="caption")
-    ui["save"].click(save, table, msg, api_name="save_captions")
-    ui["clear"].click(clear, None, [msg, table], api_name="clear_images")
+# %% ../../nbs/83g_studio_tab_data.ipynb #bbd45508
+def _data_events(st: Studio, gr, ui: dict) -> None:
+    h, msg, table = _data_handlers(st, gr), ui["msg"], ui["table"]
+    ui["files"].upload(h["upload"], ui["files"], [msg, table], api_name="upload_images")
+    ui["caption"].click(h["caption"], [ui["captioner"], ui["trigger"], ui["replace"]],
+                        [msg, table], api_name="caption")
+    ui["save"].click(h["save"], table, msg, api_name="save_captions")
+    ui["clear"].click(h["clear"], None, [msg, table], api_name="clear_images")
+    for t in ("unet", "flux"):
+        ui[f"ex_{t}"].click(h["examples"](t), None, [msg, table], api_name=f"add_examples_{t}")

@@ -23,40 +23,84 @@ def _grid(x: torch.Tensor):
 
 
 # %% ../../nbs/83k_studio_tab_generate.ipynb #e9252873
-def _generate_tab(st: Studio, gr):
-    with gr.Tab("Generate"):
-        with gr.Row():
-            trainer = gr.Radio(list(TRAINERS), value="unet", label="base", elem_id="gen-trainer")
-            prompt = gr.Textbox("a photo of sks digit", label="prompt", elem_id="prompt")
-            neg = gr.Textbox("", label="negative prompt (guidance > 1, unit 4: a digit or "
-                                               "the trigger)")
-        with gr.Row():
-            seed = gr.Number(0, precision=0, label="seed")
-            guidance = gr.Number(1.0, label="guidance")
-            steps = gr.Number(20, precision=0, label="steps")
-        adapters = gr.Textbox("", label="adapters: RUN=WEIGHT, comma-separated", elem_id="adapters")
-        upload = gr.UploadButton("load an adapter file", file_types=[".safetensors"])
-        go = gr.Button("generate", elem_id="generate")
-        msg = gr.Markdown(elem_id="gen-status")
-        image = gr.Image(label="samples", elem_id="samples")
-        gallery = gr.Gallery(label="adapters and their previews", columns=4, elem_id="gallery")
+def _with_adapter(spec: str, run: str, weight: float) -> str:
+    """The adapters box `spec` ('RUN=WEIGHT, ...') with `run` at `weight`: its weight replaced if it
+    is there, else added at the end."""
+    parts = [s.strip() for s in spec.split(",") if s.strip()]
+    kept = [s for s in parts if s.split("=")[0].strip() != run]
+    return ", ".join(kept + [f"{run}={weight:g}"])
 
+# %% ../../nbs/83k_studio_tab_generate.ipynb #bec483ac
+def _generate_ui(gr) -> dict:
+    "The Generate tab's components, by name."
+    with gr.Tab("Generate"):
+        ui = dict(gallery=gr.Gallery(label="your adapters: click one to add it to the mix",
+                                     columns=4, elem_id="gallery", allow_preview=False))
+        with gr.Row():
+            ui["weight"] = gr.Slider(0.0, 2.0, 1.0, step=0.05, elem_id="weight",
+                                     label="weight of the adapter you click")
+            ui["adapters"] = gr.Textbox("", elem_id="adapters", label="adapters in the mix: "
+                                        "RUN=WEIGHT, comma-separated (empty: the base model)")
+        with gr.Row():
+            ui["trainer"] = gr.Radio(list(TRAINERS), value="unet", label="base",
+                                     elem_id="gen-trainer")
+            ui["prompt"] = gr.Textbox("a photo of sks digit", label="prompt (the trigger word of "
+                                      "the adapter you click is put in front)", elem_id="prompt")
+            ui["neg"] = gr.Textbox("", label="negative prompt (guidance > 1, unit 4: a digit or "
+                                             "the trigger)")
+        with gr.Row():
+            ui["n"] = gr.Number(8, precision=0, label="images", elem_id="gen-n")
+            ui["seed"] = gr.Number(0, precision=0, label="seed")
+            ui["guidance"] = gr.Number(1.0, label="guidance")
+            ui["steps"] = gr.Number(20, precision=0, label="steps")
+            ui["width"] = gr.Number(None, precision=0, elem_id="gen-width", label="width (FLUX "
+                                    "only: a multiple of twice its VAE's downsampling, empty: "
+                                    "the base's)")
+            ui["height"] = gr.Number(None, precision=0, label="height", elem_id="gen-height")
+        with gr.Row():
+            ui["go"] = gr.Button("generate", elem_id="generate")
+            ui["upload"] = gr.UploadButton("load an adapter file", file_types=[".safetensors"])
+        ui["msg"] = gr.Markdown(elem_id="gen-status")
+        ui["image"] = gr.Image(label="samples", elem_id="samples")
+    return ui
+
+# %% ../../nbs/83k_studio_tab_generate.ipynb #e8766216
+def _generate_handlers(st: Studio, gr) -> dict:
     def parse(spec: str) -> dict:
         from course_lib.lora.run import parse_adapter_spec
         return dict(parse_adapter_spec(s.strip()) for s in spec.split(",") if s.strip())
 
     @_guard(2)
-    def run(t, p, n, s, g, k, spec):
-        s, g, k = (d if v is None else type(d)(v) for v, d in ((s, 0), (g, 1.0), (k, 20)))
-        x = st.generate(t, p, parse(spec), n, s, g, k)      # an emptied box: the default
-        return f"generated with {spec or 'the base model'}", _grid(x), \
-            [(str(a), b) for a, b in st.gallery()]
+    def run(t, p, neg_p, k_n, s, g, k, w, h, spec):
+        k_n, s, g, k = (d if v is None else type(d)(v)
+                        for v, d in ((k_n, 8), (s, 0), (g, 1.0), (k, 20)))   # emptied: default
+        w, h = (None if v is None else int(v) for v in (w, h))
+        x = st.generate(t, p, parse(spec), neg_p, s, g, k, k_n, w, h)
+        gallery = [(str(a), b) for a, b in st.gallery()]
+        return f"generated with {spec or 'the base model'}", _grid(x), gallery
+
+    def pick(spec, w, p, evt):
+        "A click on gallery item `evt.index`: its adapter into the mix at `w`, its trigger in `p`."
+        name = st.gallery()[evt.index][1].split(" ")[0]
+        info = st.run_info(name)
+        trig = info.get("trigger") or ""
+        p = p if not trig or trig in p.split() else f"{trig} {p}"
+        return _with_adapter(spec, name, float(w)), p, info["trainer"]
+    pick.__annotations__["evt"] = gr.SelectData       # an object, not a string: Gradio passes it
 
     @_guard()
     def load(t, f):
         return f"loaded adapter {st.load_adapter_file(t, f if isinstance(f, str) else f.name)}"
+    return dict(run=run, pick=pick, load=load)
 
-    go.click(run, [trainer, prompt, neg, seed, guidance, steps, adapters], [msg, image, gallery],
-             api_name="generate")
-    upload.upload(load, [trainer, upload], msg, api_name="load_adapter")
-    return gallery
+def _generate_tab(st: Studio, gr):
+    "Build the tab and wire it; returns its gallery (the page fills it when it loads)."
+    ui, h = _generate_ui(gr), _generate_handlers(st, gr)
+    ui["go"].click(h["run"], [ui[k] for k in ("trainer", "prompt", "neg", "n", "seed", "guidance",
+                                              "steps", "width", "height", "adapters")],
+                   [ui["msg"], ui["image"], ui["gallery"]], api_name="generate")
+    ui["gallery"].select(h["pick"], [ui["adapters"], ui["weight"], ui["prompt"]],
+                         [ui["adapters"], ui["prompt"], ui["trainer"]], api_name=False)
+    ui["upload"].upload(h["load"], [ui["trainer"], ui["upload"]], ui["msg"],
+                        api_name="load_adapter")
+    return ui["gallery"]

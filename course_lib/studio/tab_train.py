@@ -11,28 +11,75 @@ from .service import Studio, status_text
 from .widgets import _guard
 
 # %% auto #0
-__all__ = ['STATUS_EVERY_S', 'loss_frame']
+__all__ = ['SETTING_HELP', 'FORM_SKIP', 'STATUS_EVERY_S', 'loss_frame']
 
 # %% ../../nbs/83h_studio_tab_train.ipynb #fd3c1a66
+SETTING_HELP = {   # setting: (its name in words, a line of help), for both trainers' forms
+    "rank": ("LoRA rank", "rank r of the update B A: more capacity and a bigger file as r grows"),
+    "alpha": ("LoRA alpha", "the update is scaled by alpha / rank (alpha = rank: scale 1)"),
+    "lr": ("learning rate", "AdamW's learning rate"),
+    "steps": ("training steps", "the run's optimizer steps in all ('continue' adds more)"),
+    "batch_size": ("batch size", "training images a step"),
+    "target_modules": ("layers to adapt", "module names that get an adapter, comma-separated"),
+    "adapter_name": ("adapter name", "the adapter's name inside the model and its file"),
+    "trigger": ("trigger word",
+                "the new word the LoRA binds to your images: put it in captions and prompts"),
+    "prior_images": ("prior-preservation images",
+                     "base-model samples of the classes it knows, trained beside your images so "
+                     "it keeps them (DreamBooth's class images; 0: none)"),
+    "prior_weight": ("prior-preservation weight",
+                     "their loss's weight against your images' (DreamBooth's lambda)"),
+    "full_finetune": ("full fine-tuning", "train every weight of the base instead of an adapter "
+                      "(to compare: a file the size of the model)"),
+    "grad_clip": ("gradient clipping", "largest global norm of the gradient (empty: none)"),
+    "seed": ("random seed", "seed of the run's initialisation, batches and noise"),
+    "train_text_encoder": ("train the text encoder too",
+                           "an adapter on the CLIP text encoder as well"),
+    "time_sampling": ("time sampling", "how training times are drawn: logit-normal (SD3's, the "
+                      "FLUX trainers' default) or uniform"),
+    "resolution": ("training resolution", "side in pixels the images are resized and cropped "
+                   "to (empty: the trainer's own choice)"),
+    "checkpoint_every": ("checkpoint every N steps",
+                         "steps between checkpoints: pause and resume go on from the last one"),
+    "max_sequence_length": ("T5 prompt length",
+                            "T5 tokens of each prompt (empty: the tokenizer's own)"),
+    "guidance": ("distilled guidance", "the guidance input of a guidance-distilled transformer "
+                 "(FLUX.1-dev); FLUX-mini has none: keep 1"),
+}
+
+# %% ../../nbs/83h_studio_tab_train.ipynb #b2b63370
+FORM_SKIP = {"preview_every"}      # set once for both trainers, by the field above the forms
+
 def _field(gr, trainer: str, k: str, v):
-    "A form field for setting `k` (default `v`) of `trainer`, with the element id `trainer-k`."
+    """A form field for setting `k` (default `v`) of `trainer`, with the element id `trainer-k`,
+    labelled in words (`SETTING_HELP`), with a line of help naming the setting and its default."""
     eid = f"{trainer}-{k}"
-    if isinstance(v, bool): return gr.Checkbox(v, label=k, elem_id=eid)
+    words, help_ = SETTING_HELP.get(k, (k, ""))
+    shown = ", ".join(v) if isinstance(v, tuple) else "empty" if v is None else v
+    kw = dict(label=words, info=f"{help_} ({k}, default {shown})".lstrip(), elem_id=eid)
+    if isinstance(v, bool): return gr.Checkbox(v, **kw)
     if isinstance(v, (int, float)) and k != "grad_clip":
-        return gr.Number(v, label=k, precision=0 if isinstance(v, int) else None, elem_id=eid)
+        return gr.Number(v, precision=0 if isinstance(v, int) else None, **kw)
     if isinstance(v, tuple): v = ", ".join(v)
-    return gr.Textbox("" if v is None else str(v), label=k, elem_id=eid)
+    return gr.Textbox("" if v is None else str(v), **kw)
 
 def _train_form(gr) -> dict:
     ui = {"forms": {}}
     with gr.Row():
         ui["trainer"] = gr.Radio(list(TRAINERS), value="unet", label="trainer", elem_id="trainer")
         ui["name"] = gr.Textbox("run-1", label="run name", elem_id="run-name")
-        ui["every"] = gr.Number(10, precision=0, label="preview every N steps", elem_id="every")
+        ui["every"] = gr.Number(
+            10, precision=0, label="preview every N steps", elem_id="every",
+            info="a preview grid every N training steps, for either trainer (0: none)")
+    ui["prompts"] = gr.Textbox(
+        "", lines=3, label="sample prompts of the previews, one a line (empty: the trigger's)",
+        elem_id="sample-prompts", info="flags as sd-scripts and fluxgym read them: --d seed, --w "
+        "width, --h height, --l guidance, --s steps, --n negative prompt (unit 4's UNet: --d and "
+        "--s only)")
     for t in TRAINERS:
         with gr.Group(visible=t == "unet") as g:
             gr.Markdown(f"**{TRAINERS[t]}**")
-            defaults = settings_fields(t)
+            defaults = {k: v for k, v in settings_fields(t).items() if k not in FORM_SKIP}
             with gr.Row(): comps = [_field(gr, t, k, v) for k, v in defaults.items()]
         ui["forms"][t] = (g, list(defaults), comps)
     return ui
@@ -88,8 +135,11 @@ def _form_dict(ui: dict, trainer: str, comps) -> dict:
 # %% ../../nbs/83h_studio_tab_train.ipynb #2cb6ddc6
 def _train_handlers(st: Studio, gr, ui: dict) -> dict:
     @_guard()
-    def start(t, nm, ev, *comps):
-        st.start(t, nm.strip(), _form_dict(ui, t, comps), int(ev or 0))
+    def start(t, nm, ev, prompts, *comps):
+        form = _form_dict(ui, t, comps)
+        if t == "unet": form["preview_every"] = int(ev or 0)      # the one field that sets it
+        lines = [ln.strip() for ln in (prompts or "").splitlines() if ln.strip()]
+        st.start(t, nm.strip(), form, int(ev or 0), lines)
         return f"started {nm} ({t})"
 
     @_guard()
@@ -127,7 +177,8 @@ def _train_events(st: Studio, gr, ui: dict) -> None:
     h, status, comps = _train_handlers(st, gr, ui), ui["status"], ui["comps"]
     ui["trainer"].change(lambda t: [gr.update(visible=u == t) for u in TRAINERS], ui["trainer"],
                          ui["groups"], api_name=False)
-    ui["start"].click(h["start"], [ui["trainer"], ui["name"], ui["every"], *comps], status,
+    ui["start"].click(h["start"], [ui["trainer"], ui["name"], ui["every"], ui["prompts"], *comps],
+                      status,
                       api_name="start")
     ui["pause"].click(lambda: st.pause(), None, status, api_name="pause")
     ui["resume"].click(h["resume"], ui["name"], status, api_name="resume")

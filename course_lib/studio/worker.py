@@ -12,7 +12,7 @@ import torch
 
 from ..flux.dashboard import save_preview
 from ..flux.lora_train import train_flux_lora
-from ..lora.run import train_lora_run
+from ..lora.run import parse_sample_prompt, train_lora_run
 from .settings import StudioBase, config_from_dict
 
 # %% auto #0
@@ -21,34 +21,57 @@ __all__ = ['PROTOCOL_DOC', 'PROTOCOL', 'memory_bytes', 'train_run', 'resolve', '
 
 # %% ../../nbs/83c_studio_worker.ipynb #d1ebc32b
 def memory_bytes() -> int:
-    "Peak memory of this process: the CUDA peak on a GPU, else the peak resident set size."
+    """Peak memory of this process in bytes: the CUDA peak on a GPU, else the peak resident set
+    size (`getrusage`'s `ru_maxrss`, which Linux gives in KiB and macOS in bytes)."""
     if torch.cuda.is_available(): return torch.cuda.max_memory_allocated()
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    import resource, sys
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
 
-def _flux_previews(pipe, run_dir: Path, prompts, every: int, res: int, msl):
-    "A `train_flux_lora` callback body: `save_preview` every `every` steps into `previews/`."
+# %% ../../nbs/83c_studio_worker.ipynb #b2a6e603
+def _flux_sample_grid(pipe, run_dir: Path, samples: list[dict], res: int) -> Path:
+    """`run_dir/preview.png`: one image a parsed sample prompt (`parse_sample_prompt`), each with
+    its own seed, size, guidance (true CFG against its negative) and steps, padded to the
+    largest."""
+    import torch.nn.functional as F
+    from course_lib.data.plots import save_image_grid
+    from course_lib.flux.mini import generate
+    xs = [generate(pipe, [p["prompt"]], guidance_scale=p.get("guidance", 1.0),
+                   num_inference_steps=p.get("steps", 20), seed=p.get("seed", 0),
+                   negative_prompt=p.get("negative") if p.get("guidance", 1.0) > 1 else None,
+                   height=p.get("height", res), width=p.get("width", res)) for p in samples]
+    h, w = max(x.shape[-2] for x in xs), max(x.shape[-1] for x in xs)
+    x = torch.cat([F.pad(x, (0, w - x.shape[-1], 0, h - x.shape[-2]), value=-1.0) for x in xs])
+    return save_image_grid(x, Path(run_dir)/"preview.png", upscale=4)
+
+def _flux_previews(pipe, run_dir: Path, prompts, every: int, res: int, msl, samples=()):
+    """A `train_flux_lora` callback body: a preview every `every` steps into `previews/`: of the
+    parsed sample prompts `samples` if any (`_flux_sample_grid`), else `save_preview(prompts)`."""
     def preview(step: int):
         if not every or step % every: return
-        p = save_preview(pipe, run_dir, prompts, res, max_sequence_length=msl)
+        p = (_flux_sample_grid(pipe, run_dir, samples, res) if samples else
+             save_preview(pipe, run_dir, prompts, res, max_sequence_length=msl))
         (run_dir/"previews").mkdir(exist_ok=True)
         p.replace(run_dir/"previews"/f"step_{step:06d}.png")
     return preview
 
+# %% ../../nbs/83c_studio_worker.ipynb #7fc06734
 def train_run(trainer: str, model, images_dir: Path, run_dir: Path, cfg, meta: dict,
               image_size: int, stop_event, on_step: Callable) -> bool:
     """One studio run: `train_lora_run` (unit 4) or `train_flux_lora` (unit 7, then its adapter and
-    `preview.png`) on `model` (adapted in place), previews every `meta['preview_every']` steps,
-    `on_step(row)` after each step. Returns True when `stop_event` stopped it (paused)."""
+    `preview.png`) on `model` (adapted in place), previews every `meta['preview_every']` steps of
+    the sample prompts `meta['preview_prompts']` (sd-scripts' flags, `parse_sample_prompt`, or
+    the trigger's), `on_step(row)` after each step. Returns True when `stop_event` stopped it."""
     from course_lib.flux.lora_export import save_flux_lora
     if trainer == "unet":
         return train_lora_run(model, images_dir, cfg, run_dir, callback=lambda row, _=None:
-                              on_step(row), stop_event=stop_event).stopped
+                              on_step(row), stop_event=stop_event,
+                              sample_prompts=meta.get("preview_prompts", ())).stopped
     res = cfg.resolution or image_size
-    prompts = meta["preview_prompts"] or [f"{cfg.trigger} {w}" for w in
-                                          ("zero", "three", "seven", "eight")]
+    samples = [parse_sample_prompt(p) for p in meta.get("preview_prompts", ())]
+    prompts = [f"{cfg.trigger} {w}" for w in ("zero", "three", "seven", "eight")]
     pv = _flux_previews(model, run_dir, prompts, meta["preview_every"], res,
-                        cfg.max_sequence_length)
+                        cfg.max_sequence_length, samples)
     def cb(row):
         on_step(row)
         pv(row["step"])
@@ -56,7 +79,8 @@ def train_run(trainer: str, model, images_dir: Path, run_dir: Path, cfg, meta: d
                           progress=False)
     save_flux_lora(model, run_dir/"adapter.safetensors",
                    training={**cfg.to_dict(), "steps_done": run.step})
-    save_preview(model, run_dir, prompts, res, max_sequence_length=cfg.max_sequence_length)
+    if samples: _flux_sample_grid(model, run_dir, samples, res)
+    else: save_preview(model, run_dir, prompts, res, max_sequence_length=cfg.max_sequence_length)
     return run.stopped
 
 # %% ../../nbs/83c_studio_worker.ipynb #39225702

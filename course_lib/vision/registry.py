@@ -10,8 +10,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from timm.models import register_model, build_model_with_cfg
-from timm.models._registry import generate_default_cfgs
+from timm.models import register_model, build_model_with_cfg, generate_default_cfgs
 from timm.models.resnet import ResNet, BasicBlock
 from timm.models.vision_transformer import VisionTransformer
 
