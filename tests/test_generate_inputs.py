@@ -115,11 +115,18 @@ def test_studio_generate_refuses_zero(tmp_path):
     demo = build_studio(tempfile.mkdtemp(dir=tmp_path), tiny_bases())
     fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
     run = next(f.fn for f in fns if f.api_name == "generate")
-    msg = run("unet", "a photo of digit three", "", 0, 0, 2, "")[0]
+    # arguments: base, prompt, negative prompt, images, seed, guidance, steps, width, height, adapters
+    msg = run("unet", "a photo of digit three", "", 2, 0, 0, 2, 0, 0, "")[0]
     assert msg.startswith("**error**") and "guidance_scale must be" in msg and "got 0" in msg, msg
-    msg = run("unet", "a photo of digit three", "", 0, 1.0, 0, "")[0]
+    msg = run("unet", "a photo of digit three", "", 2, 0, 1.0, 0, 0, 0, "")[0]
     assert msg.startswith("**error**") and "num_inference_steps must be" in msg and "got 0" in msg, msg
-    assert run("unet", "a photo of digit three", "", None, None, 2, "")[0].startswith("generated")
+    msg = run("unet", "a photo of digit three", "", 0, 0, 1.0, 2, 0, 0, "")[0]
+    assert msg.startswith("**error**") and "n (the number of images) must be a positive int, got 0" in msg, msg
+    assert run("unet", "a photo of digit three", "", None, None, None, 2, None, None, "")[0].startswith("generated")
+    # width and height: 0 (the box's default) is the base's own size, another size on the UNet is refused
+    assert run("unet", "a photo of digit three", "", 2, 0, 1.0, 2, 0, 0, "")[0].startswith("generated")
+    msg = run("unet", "a photo of digit three", "", 2, 0, 1.0, 2, 16, 16, "")[0]
+    assert msg.startswith("**error**") and "only its own size" in msg, msg
 
 
 @pytest.mark.parametrize("v", [0, -8, 16.0, True], ids=repr)

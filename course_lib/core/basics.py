@@ -205,14 +205,12 @@ def _remove_stale_tmps(path: Path) -> list[Path]:
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str = "utf-8"):
     """Context manager yielding a file object: on success the file appears at `path` atomically.
-    A text `mode` ('w') writes `encoding` (UTF-8, whatever the system's locale says: a caption
-    written in a Latin-1 or ASCII locale reads back the same everywhere).
-
-    The data goes to `.{name}.{pid}@{host}.{random}.tmp` beside `path`, then `os.replace` puts it
-    in place. On an exception the temporary file is removed and any existing file at `path` is
-    untouched. A kill (SIGKILL, power loss) leaves the old file at `path` and the temporary file
-    behind: the next `atomic_write` to the same `path` removes such leftovers (writer process dead,
-    or file untouched for a day) and leaves the files of writers still running alone."""
+    A text `mode` ('w') writes `encoding` (UTF-8 whatever the system's locale says). The data goes
+    to `.{name}.{pid}@{host}.{random}.tmp` beside `path`, then `os.replace` puts it in place. On an
+    exception the temporary file is removed and any existing file at `path` is untouched. A kill
+    (SIGKILL, power loss) leaves the old file at `path` and the temporary file behind: the next
+    `atomic_write` to the same `path` removes such leftovers (writer process dead, or file
+    untouched for a day) and leaves the files of writers still running alone."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmps(path)

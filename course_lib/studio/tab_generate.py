@@ -53,10 +53,11 @@ def _generate_ui(gr) -> dict:
             ui["seed"] = gr.Number(0, precision=0, label="seed")
             ui["guidance"] = gr.Number(1.0, label="guidance")
             ui["steps"] = gr.Number(20, precision=0, label="steps")
-            ui["width"] = gr.Number(None, precision=0, elem_id="gen-width", label="width (FLUX "
-                                    "only: a multiple of twice its VAE's downsampling, empty: "
-                                    "the base's)")
-            ui["height"] = gr.Number(None, precision=0, label="height", elem_id="gen-height")
+            ui["width"] = gr.Number(0, precision=0, elem_id="gen-width", label="width (FLUX "
+                                    "only: a multiple of twice its VAE's downsampling, 0: the "
+                                    "base's)")
+            ui["height"] = gr.Number(0, precision=0, label="height (0: the base's)",
+                                     elem_id="gen-height")
         with gr.Row():
             ui["go"] = gr.Button("generate", elem_id="generate")
             ui["upload"] = gr.UploadButton("load an adapter file", file_types=[".safetensors"])
@@ -74,7 +75,7 @@ def _generate_handlers(st: Studio, gr) -> dict:
     def run(t, p, neg_p, k_n, s, g, k, w, h, spec):
         k_n, s, g, k = (d if v is None else type(d)(v)
                         for v, d in ((k_n, 8), (s, 0), (g, 1.0), (k, 20)))   # emptied: default
-        w, h = (None if v is None else int(v) for v in (w, h))
+        w, h = (int(v) if v else None for v in (w, h))       # 0 or emptied: the base's size
         x = st.generate(t, p, parse(spec), neg_p, s, g, k, k_n, w, h)
         gallery = [(str(a), b) for a, b in st.gallery()]
         return f"generated with {spec or 'the base model'}", _grid(x), gallery
