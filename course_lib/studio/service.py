@@ -106,11 +106,16 @@ def _snapshot(self, d: Path) -> dict[str, str]:
     import hashlib, shutil, tempfile
     tmp = Path(tempfile.mkdtemp(prefix=".data-", dir=d))
     out = {}
-    for p in self.images():
-        shutil.copy2(p, tmp/p.name)
-        if p.with_suffix(".txt").is_file(): shutil.copy2(p.with_suffix(".txt"), tmp/f"{p.stem}.txt")
-        out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
-    os.replace(tmp, d/"data")
+    try:
+        for p in self.images():
+            shutil.copy2(p, tmp/p.name)
+            side = p.with_suffix(".txt")
+            if side.is_file(): shutil.copy2(side, tmp/side.name)
+            out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        os.replace(tmp, d/"data")
+    except BaseException:                   # a failed copy leaves no half folder behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
 
 @patch_to(Studio)
