@@ -17,13 +17,13 @@ __all__ = ['check_guidance_scale', 'check_label_dropout', 'check_class', 'warn_n
            'check_prompts', 'FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid', 'corner_rate', 'encode_images',
            'encode_captions', 'flux_flow_loss', 'base_dtype', 'add_flux_lora', 'trainable_parameters', 'lora_state',
            'reduce_rank', 'layer_scales', 'reduced_config', 'save_flux_lora', 'check_flux_lora', 'load_flux_lora',
-           'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder', 'FluxLoRARun',
-           'train_flux_lora', 'cached_flux_lora', 'flux_generate', 'save_preview', 'run_summary', 'compare_runs',
-           'uploaded_files', 'make_tab', 'tab_titles', 'FluxLoRADashboard', 'cfg_combine', 'drop_labels',
-           'label_dropout_dataset', 'load_guided_ddpm', 'GuidedUNet', 'sample_guided', 'prompted_rate', 'mean_se',
-           'FlowConfig', 'make_flow_model', 'train_flow', 'load_pretrained_flow', 'sample_flow', 'KOHYA_PREFIXES',
-           'adapter_parts', 'kohya_name', 'module_names', 'to_kohya', 'from_kohya', 'save_kohya_lora', 'kohya_configs',
-           'read_kohya_lora', 'check_kohya_lora', 'load_kohya_lora', 'EXPORT_DTYPES', 'EXPORT_FORMATS',
+           'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder', 'read_concept_buckets',
+           'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora', 'flux_generate', 'save_preview', 'run_summary',
+           'compare_runs', 'uploaded_files', 'make_tab', 'tab_titles', 'FluxLoRADashboard', 'cfg_combine',
+           'drop_labels', 'label_dropout_dataset', 'load_guided_ddpm', 'GuidedUNet', 'sample_guided', 'prompted_rate',
+           'mean_se', 'FlowConfig', 'make_flow_model', 'train_flow', 'load_pretrained_flow', 'sample_flow',
+           'KOHYA_PREFIXES', 'adapter_parts', 'kohya_name', 'module_names', 'to_kohya', 'from_kohya', 'save_kohya_lora',
+           'kohya_configs', 'read_kohya_lora', 'check_kohya_lora', 'load_kohya_lora', 'EXPORT_DTYPES', 'EXPORT_FORMATS',
            'export_adapter', 'load_exported', 'model_output', 'default_export_options', 'export_options',
            'flux_concept_judge', 'unet_concept_judge', 'make_flux_pipeline', 'pack_latents', 'unpack_latents',
            'latent_ids', 'FluxVelocity', 'train_vae', 'encode_latents', 'caption_table', 'generate', 'flow_config',
@@ -91,10 +91,12 @@ _all_ = ['lora_state', 'reduce_rank', 'layer_scales', 'reduced_config', 'save_fl
 
 # %% ../../nbs/82z_flux_api.ipynb #ffaa44cf
 from .lora_train import (
-    PRESET_FORMAT, FluxLoRAConfig, write_corner_folder, read_concept_folder, FluxLoRARun,
+    PRESET_FORMAT, FluxLoRAConfig, write_corner_folder, read_concept_folder,
+    read_concept_buckets, FluxLoRARun,
     train_flux_lora, cached_flux_lora, flux_generate)
 _all_ = ['PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder',
-         'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora', 'flux_generate']
+         'read_concept_buckets', 'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora',
+         'flux_generate']
 
 # %% ../../nbs/82z_flux_api.ipynb #b888e877
 from course_lib.flux.dashboard import (

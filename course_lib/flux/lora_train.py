@@ -5,7 +5,7 @@
 # %% ../../nbs/77_flux_lora_train.ipynb #db01dca9
 from __future__ import annotations
 import difflib, json, os, threading, time, warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -17,32 +17,34 @@ from ..core.cache import resume_changes, set_hyperparams
 from ..core.basics import atomic_write, load_checkpoint, patch_to, save_checkpoint
 from ..data.images import open_image, scan_image_folder
 from ..ddpm.sampling import randn_on
-from .flow import TIME_SAMPLINGS, sample_time
+from .flow import (
+    TIME_SAMPLINGS, calculate_shift, dynamic_shift_time, sample_time, shift_time)
 from .lora import (
     FLUX_ATTENTION_TARGETS, add_flux_lora, encode_captions, encode_images, flux_flow_loss,
     trainable_parameters)
 from .lora_export import lora_state
 from .io import check_int, check_side
 from ..lora.base import DIGIT_WORDS, TRIGGER, read_captions, repeat_prompts
-from ..lora.data import fit_image
+from ..lora.data import aspect_buckets, assign_bucket, fit_image
+from ..lora.recipe import Recipe, check_recipe, drop_mask, micro_batches
 
 # %% auto #0
-__all__ = ['PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder', 'FluxLoRARun', 'train_flux_lora',
-           'cached_flux_lora', 'flux_generate']
+__all__ = ['PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder', 'read_concept_buckets', 'FluxLoRARun',
+           'train_flux_lora', 'cached_flux_lora', 'flux_generate']
 
 # %% ../../nbs/77_flux_lora_train.ipynb #df05bead
 @dataclass
 class FluxLoRAConfig:
     """One FLUX LoRA run.
 
-    - `rank`, `alpha`, `lr` (AdamW), `batch_size`, `steps` (the run's total: a larger value
-      continues a finished run), `grad_clip`, `seed`, `prior_weight`: weight of the loss on
-      the prior-preservation images (when a `reg_folder` is given)
-    - `target_modules`: the transformer's attention projections, `train_text_encoder`: a LoRA on
-      the CLIP encoder too, `trigger`: the trigger word
-    - `time_sampling`: 'logit-normal' or 'uniform', `resolution`: image side (None: the images')
-    - `checkpoint_every`: steps between checkpoints, `max_sequence_length`: T5 tokens (None: the
-      tokenizer's own), `guidance`: the distilled-guidance input, for transformers that take one"""
+    - `rank`, `alpha`, `lr` (AdamW), `batch_size` (a micro-batch), `steps` (the total: a larger
+      value continues a finished run), `grad_clip`, `seed`, `prior_weight` (on a `reg_folder`)
+    - `target_modules`, `train_text_encoder`: a LoRA on CLIP too, `trigger`, `resolution`: image
+      side (None: the images'), `checkpoint_every`, `max_sequence_length`: T5 tokens (None: all)
+    - `time_sampling`: 'logit-normal' or 'uniform', then `time_shift`: SD3's shift s (1: none) or
+      'auto', FLUX's from the image's token count; `guidance`: the distilled-guidance input
+    - the recipe (notebook 42a): `lr_scheduler`, `lr_warmup_steps`, `grad_accum`, `ema_decay`,
+      `caption_dropout` (to the empty prompt), `epochs`, `repeats`, `buckets`"""
     rank: int = 8
     alpha: float = 8.0
     lr: float = 2e-3
@@ -59,6 +61,15 @@ class FluxLoRAConfig:
     grad_clip: float | None = 1.0
     prior_weight: float = 1.0
     seed: int = 0
+    time_shift: float | str = 1.0
+    lr_scheduler: str = "constant"
+    lr_warmup_steps: int = 0
+    grad_accum: int = 1
+    ema_decay: float = 0.0
+    caption_dropout: float = 0.0
+    repeats: int = 1
+    epochs: int = 0
+    buckets: bool = False
 
     def __post_init__(self): self.validate()
 
@@ -83,6 +94,10 @@ def validate(self) -> FluxLoRAConfig:
         raise ValueError(f"time_sampling {self.time_sampling!r}: choose one of "
                          f"{list(TIME_SAMPLINGS)}")
     if not self.trigger.strip(): raise ValueError("trigger must be a non-empty word")
+    s = self.time_shift
+    if s != "auto" and (isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0):
+        raise ValueError(f"time_shift must be a number > 0 (1: none) or 'auto', got {s!r}")
+    check_recipe(self)
     return self
 
 @patch_to(FluxLoRAConfig)
@@ -152,13 +167,7 @@ def write_corner_folder(folder: str | os.PathLike, n: int = 24, trigger: str = T
     return folder
 
 # %% ../../nbs/77_flux_lora_train.ipynb #0097478b
-def read_concept_folder(folder: str | os.PathLike, resolution: int | None = None,
-                        channels: int = 1, caption_ext: str = ".txt",
-                        trigger: str | None = None) -> tuple[torch.Tensor, list[str]]:
-    """The images of `folder` as float `(N, channels, R, R)` in [-1, 1] (resized and centre-cropped
-    to `resolution`, default: the first image's size) and their captions (sidecars, else from the
-    file name). Raises `FileNotFoundError` for a missing folder, `ValueError` for a folder without
-    usable images, and warns when no caption holds `trigger`."""
+def _open_concept(folder, channels, caption_ext, trigger):
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {folder} does not exist: write one "
@@ -166,13 +175,37 @@ def read_concept_folder(folder: str | os.PathLike, resolution: int | None = None
     rep = scan_image_folder(folder)
     if not rep.ok: raise ValueError(f"no usable images in {folder}: {rep}")
     caps, _ = read_captions(rep.ok, caption_ext)
-    ims = [open_image(p, "L" if channels == 1 else "RGB") for p in rep.ok]
-    r = resolution or min(ims[0].size)
-    x = np.stack([np.asarray(fit_image(im, r, r), dtype=np.float32) for im in ims])
-    x = torch.from_numpy(x).reshape(len(ims), r, r, channels).permute(0, 3, 1, 2)
     if trigger and not any(trigger in c.split() for c in caps):
         warnings.warn(f"no caption in {folder} holds the trigger {trigger!r}", UserWarning)
-    return x / 127.5 - 1, caps
+    return [open_image(p, "L" if channels == 1 else "RGB") for p in rep.ok], caps
+
+def _to_float(im, w: int, h: int, channels: int) -> torch.Tensor:
+    x = torch.from_numpy(np.asarray(fit_image(im, w, h), dtype=np.float32))
+    return x.reshape(h, w, channels).permute(2, 0, 1) / 127.5 - 1
+
+def read_concept_folder(folder: str | os.PathLike, resolution: int | None = None,
+                        channels: int = 1, caption_ext: str = ".txt",
+                        trigger: str | None = None) -> tuple[torch.Tensor, list[str]]:
+    """The images of `folder` as float `(N, channels, R, R)` in [-1, 1] (resized and centre-cropped
+    to `resolution`, default: the first image's size) and their captions (sidecars, else from the
+    file name). Raises `FileNotFoundError` for a missing folder, `ValueError` for a folder without
+    usable images, and warns when no caption holds `trigger`."""
+    ims, caps = _open_concept(folder, channels, caption_ext, trigger)
+    r = resolution or min(ims[0].size)
+    return torch.stack([_to_float(im, r, r, channels) for im in ims]), caps
+
+def read_concept_buckets(folder: str | os.PathLike, resolution: int | None, multiple: int,
+                         channels: int = 1, caption_ext: str = ".txt", trigger: str | None = None):
+    """`read_concept_folder` with aspect-ratio buckets: each image fitted to its bucket of
+    `aspect_buckets(resolution, multiple)` (`assign_bucket`, after EXIF orientation; default
+    resolution: the first image's short side, down to a multiple). Returns the images (a list of
+    float `(channels, H, W)` in [-1, 1]), the captions and the buckets `(W, H)`. `ValueError` for
+    a `resolution` that is not a multiple of `multiple`, and as above."""
+    ims, caps = _open_concept(folder, channels, caption_ext, trigger)
+    r = resolution or max(multiple, min(ims[0].size) // multiple * multiple)
+    grid = aspect_buckets(r, multiple)
+    bk = [assign_bucket(*im.size, grid) for im in ims]
+    return [_to_float(im, w, h, channels) for im, (w, h) in zip(ims, bk)], caps, bk
 
 # %% ../../nbs/77_flux_lora_train.ipynb #825b8b7b
 @dataclass
@@ -201,7 +234,7 @@ def _check_resume(ck_cfg: dict, cfg: FluxLoRAConfig, path: Path) -> None:
 def _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume):
     from peft.utils import set_peft_model_state_dict
     path = Path(run_dir)/"checkpoint.safetensors" if run_dir else None
-    if not (resume and path and path.is_file()): return 0, [], 0.0, []
+    if not (resume and path and path.is_file()): return 0, [], 0.0, [], {}
     state, meta = load_checkpoint(path)
     _check_resume(json.loads(meta["config"]), cfg, path)
     changes = resume_changes(meta, cfg.to_dict(), int(state["step"]), path)   # take effect now
@@ -209,54 +242,107 @@ def _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume):
         set_peft_model_state_dict(getattr(pipe, part), sd, adapter_name=adapter_name)
     opt.load_state_dict(state["optimizer"])
     set_hyperparams(opt, cfg)                   # this run's lr, not the one the state brought back
-    return int(state["step"]), list(state["history"]), float(state["seconds"]), changes
+    return (int(state["step"]), list(state["history"]), float(state["seconds"]), changes,
+            state.get("recipe", {}))
 
-def _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, history, seconds, changes):
+def _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, history, seconds, changes, recipe):
     if not run_dir: return
     state = {"lora": lora_state(pipe, adapter_name), "optimizer": opt.state_dict(), "step": step,
-             "history": history, "seconds": seconds}
+             "history": history, "seconds": seconds, "recipe": recipe.state()}
     save_checkpoint(Path(run_dir)/"checkpoint.safetensors", state,
                     metadata={"config": json.dumps(cfg.to_dict()), "step": str(step),
                               "changes": json.dumps(changes)})
 
 # %% ../../nbs/77_flux_lora_train.ipynb #30d3e9dd
-def _batch(data, cfg, g, pipe):
-    idx = torch.randint(len(data["x0"]), (cfg.batch_size,), generator=g)
-    x0, ids = data["x0"][idx], data["img_ids"]
-    t = sample_time(cfg.batch_size, cfg.time_sampling, generator=g)
+def _batch(data, cfg, g, idx) -> dict:
+    """The tensors of images `idx` (one bucket): latents, ids, times (shifted), noise, and the text
+    (embeddings, or captions with `train_text_encoder`), captions dropped at `caption_dropout`."""
+    x0 = torch.stack([data["x0"][i] for i in idx.tolist()])
+    t = sample_time(len(idx), cfg.time_sampling, generator=g)
+    if cfg.time_shift == "auto": t = dynamic_shift_time(t, calculate_shift(x0.shape[1]))
+    elif cfg.time_shift != 1: t = shift_time(t, cfg.time_shift)
     noise = randn_on(x0.shape, g, x0.device, x0.dtype)
+    drop = drop_mask(len(idx), cfg.caption_dropout, g)
     if cfg.train_text_encoder:
-        caps = [data["captions"][i] for i in idx.tolist()]
-        emb, pooled, tids = pipe.encode_prompt(caps, None, device=x0.device,
-                                               max_sequence_length=data["msl"])
-    else: emb, pooled, tids = data["embeds"][idx], data["pooled"][idx], data["text_ids"]
-    dev = pipe.transformer.device
-    return x0.to(dev), ids.to(dev), emb, pooled, tids, t.to(dev), noise.to(dev)
+        text = [data["captions"][i] for i in idx.tolist()]
+        if drop is not None: text = ["" if d else c for c, d in zip(text, drop.tolist())]
+    else:
+        text = [data["embeds"][idx], data["pooled"][idx]]
+        if drop is not None: text = [torch.where(drop.reshape(-1, *[1] * (e.ndim - 1)).to(e.device),
+                                                 data["empty"][j], e) for j, e in enumerate(text)]
+    ids = data["img_ids"][data["buckets"][int(idx[0])]]
+    return dict(x0=x0, ids=ids, t=t, noise=noise, text=text)
 
-def _step(pipe, data, cfg, step, params, opt) -> float:
-    """One optimisation step: a batch of concept images (and of prior-preservation images,
-    weighted `prior_weight`), drawn with a generator seeded by `(seed, step)`. Returns the loss."""
+def _loss(pipe, data, b, sl, cfg):
+    "`flux_flow_loss` on the micro-batch `sl` of the batch `b`."
+    dev = pipe.transformer.device
+    if cfg.train_text_encoder:
+        emb, pooled, tids = pipe.encode_prompt(b["text"][sl], None, device=dev,
+                                               max_sequence_length=data["msl"])
+    else: emb, pooled, tids = b["text"][0][sl], b["text"][1][sl], data["text_ids"]
+    return flux_flow_loss(pipe.transformer, b["x0"][sl].to(dev), b["ids"].to(dev), emb, pooled,
+                          tids, b["t"][sl].to(dev), b["noise"][sl].to(dev), guidance=cfg.guidance)
+
+# %% ../../nbs/77_flux_lora_train.ipynb #6a0d3e58
+def _step(pipe, data, cfg, step, params, opt, recipe) -> float:
+    """One optimisation step: a batch of concept images (and as many prior-preservation images,
+    weighted `prior_weight`), drawn with a generator seeded by `(seed, step)`, in `grad_accum`
+    micro-batches, then the recipe's scheduler and EMA steps. Returns the loss."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    loss = flux_flow_loss(pipe.transformer, *_batch(data, cfg, g, pipe), guidance=cfg.guidance)
-    if "reg" in data:
-        loss = loss + cfg.prior_weight * flux_flow_loss(
-            pipe.transformer, *_batch(data["reg"], cfg, g, pipe), guidance=cfg.guidance)
-    loss.backward()
+    idx = recipe.indices(step, g)
+    b = _batch(data, cfg, g, idx)
+    r = data.get("reg")
+    rb = (_batch(r, cfg, g, torch.randint(len(r["x0"]), (len(idx),), generator=g))
+          if r is not None else None)
+    total = 0.0
+    for sl, share in micro_batches(len(idx), cfg.grad_accum):
+        loss = share * _loss(pipe, data, b, sl, cfg)
+        if rb is not None: loss = loss + cfg.prior_weight * share * _loss(pipe, r, rb, sl, cfg)
+        loss.backward()
+        total += loss.item()
     if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss.item()
+    recipe.after_step()
+    return total
 
+# %% ../../nbs/77_flux_lora_train.ipynb #4b7f2c19
 def _prepare_data(pipe, folder, cfg, reg_folder=None):
-    x, caps = read_concept_folder(folder, cfg.resolution, pipe.vae.config.in_channels,
-                                  trigger=cfg.trigger if reg_folder is not False else None)
-    x0, ids = encode_images(pipe, x)
+    """Latents and text embeddings of `folder` (and of `reg_folder`, square), grouped by bucket:
+    `x0` a latent `(L, D)` an image, `buckets` an image's, `img_ids` a bucket's."""
+    ch, trig = pipe.vae.config.in_channels, cfg.trigger if reg_folder is not False else None
+    if cfg.buckets and reg_folder is not False:
+        xs, caps, bk = read_concept_buckets(folder, cfg.resolution, 2 * pipe.vae_scale_factor, ch,
+                                            trigger=trig)
+    else:
+        x, caps = read_concept_folder(folder, cfg.resolution, ch, trigger=trig)
+        xs, bk = list(x), [tuple(x.shape[:-3:-1])] * len(x)
+    x0, ids = [None] * len(xs), {}
+    for key in dict.fromkeys(bk):
+        j = [i for i, b in enumerate(bk) if b == key]
+        z, ids[key] = encode_images(pipe, torch.stack([xs[i] for i in j]))
+        for i, zi in zip(j, z): x0[i] = zi
     msl = cfg.max_sequence_length or pipe.tokenizer_2.model_max_length
-    with torch.no_grad(): emb, pooled, tids = encode_captions(pipe, caps, msl)
-    data = dict(x0=x0, img_ids=ids, embeds=emb, pooled=pooled, text_ids=tids, captions=caps,
-                msl=msl, images=x)
+    with torch.no_grad():
+        emb, pooled, tids = encode_captions(pipe, caps, msl)
+        empty = encode_captions(pipe, [""], msl)[:2] if cfg.caption_dropout else None
+    data = dict(x0=x0, img_ids=ids, buckets=bk, embeds=emb, pooled=pooled, text_ids=tids,
+                captions=caps, msl=msl, empty=empty)
     if reg_folder: data["reg"] = _prepare_data(pipe, reg_folder, cfg, False)
     return data
+
+def _setup(pipe, folder, cfg, run_dir, resume, adapter_name, reg_folder):
+    "The data, trainable parameters, optimizer, resumed state and recipe of a run."
+    data = _prepare_data(pipe, folder, cfg, reg_folder)
+    if adapter_name not in (getattr(pipe.transformer, "peft_config", None) or {}):
+        add_flux_lora(pipe, cfg, adapter_name)
+    mods = [pipe.transformer] + ([pipe.text_encoder] if cfg.train_text_encoder else [])
+    params = trainable_parameters(mods)   # float32 LoRA weights, on a float32 or a bfloat16 base
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    *done, kept = _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume)
+    recipe = Recipe(cfg, opt, params, data["buckets"], start=done[0])
+    recipe.load(kept)
+    return data, params, opt, done, recipe
 
 # %% ../../nbs/77_flux_lora_train.ipynb #934c6587
 def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | None = None,
@@ -268,35 +354,34 @@ def train_flux_lora(pipe, folder: str | os.PathLike, config: FluxLoRAConfig | No
     `folder` by rectified flow. With `run_dir`: settings in `preset.json`, atomic checkpoints, and
     (`resume=True`) training continues from the last checkpoint up to `config.steps`, with changed
     settings from there (a `ResumeWarning` names them, and another adapter shape is a `ValueError`).
-    `callback(row)` after each step (`row`: step, loss, seconds). `stop_event` set: checkpoint and
-    return (`stopped=True`). `reg_folder`: images and captions without the trigger, trained
-    alongside (DreamBooth's prior preservation): prompts without the trigger stay as they were."""
+    `callback(row)` after each step (`row`: step, loss, lr, seconds). `stop_event` set: checkpoint
+    and return (`stopped=True`). `reg_folder`: images and captions without the trigger, trained
+    alongside (DreamBooth's prior preservation): prompts without the trigger stay as they were.
+    The recipe (`lr_scheduler` ... `buckets`) as notebook 42a builds it: with `ema_decay`, `pipe`
+    ends with the EMA's weights (the checkpoint keeps both)."""
     from tqdm.auto import tqdm
     cfg = config or FluxLoRAConfig()
-    data = _prepare_data(pipe, folder, cfg, reg_folder)
-    if adapter_name not in (getattr(pipe.transformer, "peft_config", None) or {}):
-        add_flux_lora(pipe, cfg, adapter_name)
-    mods = [pipe.transformer] + ([pipe.text_encoder] if cfg.train_text_encoder else [])
-    params = trainable_parameters(mods)   # float32 LoRA weights, on a float32 or a bfloat16 base
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    start, hist, secs, changes = _load_resume(pipe, run_dir, cfg, opt, adapter_name, resume)
+    data, params, opt, (start, hist, secs, changes), recipe = _setup(
+        pipe, folder, cfg, run_dir, resume, adapter_name, reg_folder)
+    cfg = replace(cfg, steps=recipe.steps)                  # what `epochs` implies, if set
     if run_dir: cfg.save_preset(Path(run_dir)/"preset.json")
     run = FluxLoRARun(pipe, cfg, hist, start, False, secs, sum(p.numel() for p in params),
                       Path(run_dir) if run_dir else None)
     bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="FLUX LoRA")
     t0 = time.perf_counter() - secs
     for step in range(start + 1, cfg.steps + 1):
-        loss = _step(pipe, data, cfg, step, params, opt)
+        lr, loss = recipe.lr(), _step(pipe, data, cfg, step, params, opt, recipe)
         run.step, run.seconds = step, time.perf_counter() - t0
-        run.history.append({"step": step, "loss": loss, "seconds": round(run.seconds, 3)})
+        run.history.append({"step": step, "loss": loss, "lr": lr, "seconds": round(run.seconds, 3)})
         bar.update(1)
         if callback: callback(run.history[-1])
         run.stopped = stop_event is not None and stop_event.is_set() and step < cfg.steps
         if step % cfg.checkpoint_every == 0 or step == cfg.steps or run.stopped:
             _save_ckpt(pipe, run_dir, cfg, opt, adapter_name, step, run.history, run.seconds,
-                       changes)
+                       changes, recipe)
         if run.stopped: break
     bar.close()
+    recipe.finish()
     return run
 
 # %% ../../nbs/77_flux_lora_train.ipynb #c8ef317d

@@ -18,10 +18,12 @@ __all__ = ['CONCEPT_DIGIT', 'TRIGGER', 'BASE_CLASSES', 'NUM_CLASSES', 'DIGIT_WOR
            'check_adapter_keys', 'save_adapter', 'load_adapter', 'count_parameters', 'adapter_file_bytes',
            'training_state_bytes', 'PeakMemory', 'concept_report', 'MetricsLog', 'png_bytes', 'loss_figure',
            'in_notebook_frontend', 'TrainResult', 'train_result', 'preview_if_due', 'diffusion_loss', 'prior_set',
-           'LoRATrainConfig', 'train_step', 'train_lora', 'LORA_PRESET_FORMAT', 'check_lora_folder',
-           'parse_adapter_spec', 'train_adapter', 'adapter_path', 'adapter_is_cached', 'load_or_train_adapter',
-           'save_lora_preset', 'lora_config_from_dict', 'load_lora_preset', 'LoRARun', 'train_lora_run',
-           'LoRADashboard', 'adapter_gallery']
+           'LoRATrainConfig', 'train_step', 'unet_recipe_checks', 'concept_batch', 'train_lora', 'LR_SCHEDULES',
+           'lr_factor', 'make_lr_scheduler', 'epoch_batches', 'steps_per_epoch', 'BatchPlan', 'micro_batches',
+           'make_ema', 'ema_by_hand', 'drop_mask', 'RECIPE_FIELDS', 'check_recipe', 'Recipe', 'check_bucket_sides',
+           'LORA_PRESET_FORMAT', 'check_lora_folder', 'parse_adapter_spec', 'train_adapter', 'adapter_path',
+           'adapter_is_cached', 'load_or_train_adapter', 'save_lora_preset', 'lora_config_from_dict',
+           'load_lora_preset', 'LoRARun', 'train_lora_run', 'LoRADashboard', 'adapter_gallery']
 
 # %% ../../nbs/49z_lora_api.ipynb #ff37a51d
 from .base import (
@@ -84,8 +86,20 @@ _all_ = ['count_parameters', 'adapter_file_bytes', 'training_state_bytes', 'Peak
          'in_notebook_frontend', 'TrainResult', 'train_result', 'preview_if_due']
 
 # %% ../../nbs/49z_lora_api.ipynb #63a97f1e
-from .train import diffusion_loss, prior_set, LoRATrainConfig, train_step, train_lora
-_all_ = ['diffusion_loss', 'prior_set', 'LoRATrainConfig', 'train_step', 'train_lora']
+from course_lib.lora.train import (
+    diffusion_loss, prior_set, LoRATrainConfig, train_step, unet_recipe_checks, concept_batch,
+    train_lora)
+_all_ = ['diffusion_loss', 'prior_set', 'LoRATrainConfig', 'train_step', 'unet_recipe_checks',
+         'concept_batch', 'train_lora']
+
+# %% ../../nbs/49z_lora_api.ipynb #7d2e9a42
+from course_lib.lora.recipe import (
+    LR_SCHEDULES, lr_factor, make_lr_scheduler, epoch_batches, steps_per_epoch, BatchPlan,
+    micro_batches, make_ema, ema_by_hand, drop_mask, RECIPE_FIELDS, check_recipe, Recipe,
+    check_bucket_sides)
+_all_ = ['LR_SCHEDULES', 'lr_factor', 'make_lr_scheduler', 'epoch_batches', 'steps_per_epoch',
+         'BatchPlan', 'micro_batches', 'make_ema', 'ema_by_hand', 'drop_mask', 'RECIPE_FIELDS',
+         'check_recipe', 'Recipe', 'check_bucket_sides']
 
 # %% ../../nbs/49z_lora_api.ipynb #a574095d
 from .run import (

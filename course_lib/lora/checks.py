@@ -11,6 +11,7 @@ from typing import Sequence
 import torch.nn as nn
 
 from ..data.images import FolderReport, scan_image_folder
+from .recipe import check_recipe
 
 # %% auto #0
 __all__ = ['check_rank_alpha', 'check_target_modules', 'check_adapter_args', 'check_dataset_args', 'usable_images',
@@ -126,6 +127,7 @@ def check_train_config(c) -> None:
         v = getattr(c, k)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{k} must be an int >= 0 (0: off), got {v!r}")
+    check_recipe(c)
     unused_settings(c)
 
 def unused_settings(c) -> None:

@@ -5,7 +5,7 @@
 # %% ../../nbs/49_lora_command.ipynb #ce89e4e8
 from __future__ import annotations
 import copy, json, math, os, time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -22,7 +22,10 @@ from .checks import usable_images
 from .data import ConceptDataset
 from .files import base_fingerprint
 from .io import save_adapter
-from .train import LoRATrainConfig, diffusion_loss, prior_set, train_lora, train_step
+from .recipe import Recipe
+from course_lib.lora.train import (
+    LoRATrainConfig, concept_batch, diffusion_loss, prior_set, train_lora, train_step,
+    unet_recipe_checks)
 
 # %% auto #0
 __all__ = ['LORA_PRESET_FORMAT', 'SAMPLE_FLAGS', 'check_lora_folder', 'parse_adapter_spec', 'train_adapter', 'adapter_path',
@@ -195,16 +198,16 @@ def _lora_resume(model, opt, gen, cfg, ck: Path, base_key: str):
     set_hyperparams(opt, cfg)                   # this run's lr, not the one the state brought back
     gen.set_state(state["generator"])
     return (int(state["step"]), list(state["history"]), float(state["seconds"]),
-            {"base": base_key, "changes": json.dumps(changes)})
+            {"base": base_key, "changes": json.dumps(changes)}, state.get("recipe", {}))
 
 
 # %% ../../nbs/49_lora_command.ipynb #ff0cc659
-def _lora_checkpoint(model, opt, gen, cfg, run_dir: Path, step, history, seconds, info):
+def _lora_checkpoint(model, opt, gen, cfg, run_dir: Path, step, history, seconds, info, recipe):
     from peft.utils import get_peft_model_state_dict
     lora = {k: v.detach().cpu() for k, v in
             get_peft_model_state_dict(model, adapter_name=cfg.adapter_name).items()}
     state = {"lora": lora, "optimizer": opt.state_dict(), "generator": gen.get_state(),
-             "step": step, "history": history, "seconds": seconds}
+             "step": step, "history": history, "seconds": seconds, "recipe": recipe.state()}
     save_checkpoint(run_dir/"checkpoint.safetensors", state,
                     metadata={"config": json.dumps(cfg.to_dict()), "step": str(step), **info})
 
@@ -263,22 +266,36 @@ def parse_sample_prompt(line: str) -> dict:
 
 # %% ../../nbs/49_lora_command.ipynb #1cf2f2e4
 def _lora_setup(base, folder, cfg, run_dir: Path, resume: bool):
-    "The data, prior set, adapted copy, optimizer and generator of a run, resumed when it can be."
+    """The data, labels, null class, prior set, adapted copy, optimizer, generator and recipe of a
+    run, resumed when it can be."""
     dcfg = base.ddpm_config
-    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels)
+    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels, buckets=cfg.buckets)
     labels = torch.tensor([encode_prompt(c, cfg.trigger) for c in ds.captions])
+    null = unet_recipe_checks(base, ds, cfg)
     prior = prior_set(base, cfg.prior_images, seed=cfg.seed + 1) if cfg.prior_images else None
+    torch.manual_seed(cfg.seed)              # the adapter's initial A: the same run twice is the same
     model = add_lora(copy.deepcopy(base), cfg.rank, cfg.alpha, cfg.target_modules,
                      cfg.adapter_name)
     params = [p for p in model.parameters() if p.requires_grad]
     opt, gen = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0), torch.Generator()
     gen.manual_seed(cfg.seed)
     ck = run_dir/"checkpoint.safetensors"
-    fresh = (0, [], 0.0, {"base": dcfg.key(), "changes": "[]"})   # base and changes: the header's
-    done = _lora_resume(model, opt, gen, cfg, ck, dcfg.key()) if resume and ck.is_file() else fresh
+    fresh = (0, [], 0.0, {"base": dcfg.key(), "changes": "[]"}, {})   # base, changes: the header's
+    *done, kept = (_lora_resume(model, opt, gen, cfg, ck, dcfg.key()) if resume and ck.is_file()
+                   else fresh)
+    recipe = Recipe(cfg, opt, params, ds.buckets, start=done[0])
+    recipe.load(kept)
     save_lora_preset(cfg, run_dir/"preset.json")
-    return ds, labels, prior, model, params, opt, gen, done
+    return ds, labels, null, prior, model, params, opt, gen, done, recipe
 
+def _lora_loss(model, opt, gen, dcfg):
+    "The `accelerate`-prepared model (in train mode) and optimizer, and the loss on a batch."
+    from functools import partial
+    from accelerate import Accelerator
+    acc = Accelerator(cpu=get_device().type == "cpu")
+    net, opt = acc.prepare(model, opt)
+    net.train()
+    return acc, opt, partial(diffusion_loss, net, dcfg.schedule(), dcfg, gen=gen, device=acc.device)
 
 # %% ../../nbs/49_lora_command.ipynb #77dd548d
 def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrainConfig | None,
@@ -289,24 +306,20 @@ def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrain
     A larger `config.steps` continues a finished run (a `ResumeWarning` names other changes).
     `sample_prompts`: the previews', a row each (`parse_sample_prompt`: --d seed, --s steps).
     `ValueError` before training for a bad one, a checkpoint of another adapter, base, prior set
-    or seed, and unusable images or captions."""
-    from functools import partial
-    from accelerate import Accelerator
+    or seed, unusable images or captions, a recipe that does not fit (`unet_recipe_checks`). With
+    `ema_decay`, the adapter saved is the EMA's (the checkpoint keeps both)."""
     cfg, dcfg, run_dir = config or LoRATrainConfig(), base.ddpm_config, Path(run_dir)
-    samples = _unet_sample_prompts(sample_prompts, base)
-    ds, labels, prior, model, params, opt, gen, (step, hist, secs, info) = _lora_setup(
-        base, folder, cfg, run_dir, resume)
-    acc = Accelerator(cpu=get_device().type == "cpu")
-    net, opt = acc.prepare(model, opt)
-    loss_on = partial(diffusion_loss, net, dcfg.schedule(), dcfg, gen=gen, device=acc.device)
-    net.train()
+    samples = _unet_sample_prompts(sample_prompts, base)       # checked before anything slow
+    ds, labels, null, prior, model, params, opt, gen, (step, hist, secs, info), recipe = (
+        _lora_setup(base, folder, cfg, run_dir, resume))
+    cfg = replace(cfg, steps=recipe.steps)                  # what `epochs` implies, if set
+    acc, opt, loss_on = _lora_loss(model, opt, gen, dcfg)
     t0, stopped = time.perf_counter() - secs, False
     for step in range(step + 1, cfg.steps + 1):
-        idx = torch.randint(0, len(ds), (cfg.batch_size,), generator=gen)
-        x0 = torch.stack([ds[int(i)]["x"] for i in idx])
-        loss, lc, lp = train_step(loss_on, (x0, labels[idx % len(ds.files)]), prior, cfg, acc,
-                                  opt, params, gen, step)
-        hist.append({"step": step, "loss": loss.item(), "concept_loss": lc.item(),
+        lr, idx = recipe.lr(), recipe.indices(step, gen)
+        batch = concept_batch(ds, labels, idx, gen, cfg, null)
+        loss, lc, lp = train_step(loss_on, batch, prior, cfg, acc, opt, params, gen, step, recipe)
+        hist.append({"step": step, "loss": loss.item(), "concept_loss": lc.item(), "lr": lr,
                      "prior_loss": lp.item(), "seconds": round(time.perf_counter() - t0, 3)})
         due = cfg.preview_every and (step % cfg.preview_every == 0 or step == cfg.steps)
         preview = _lora_preview(model, cfg, run_dir, step, samples) if due else None
@@ -314,8 +327,9 @@ def train_lora_run(base: nn.Module, folder: str | os.PathLike, config: LoRATrain
         stopped = stop_event is not None and stop_event.is_set() and step < cfg.steps
         if step % checkpoint_every == 0 or step == cfg.steps or stopped:
             _lora_checkpoint(model, opt, gen, cfg, run_dir, step, hist, time.perf_counter() - t0,
-                             info)
+                             info, recipe)
         if stopped: break
+    recipe.finish()                                         # the EMA's weights, if any
     model.eval()
     save_adapter(model, run_dir/"adapter.safetensors", cfg.adapter_name, dcfg.key(), cfg.trigger,
                  {**cfg.to_dict(), "steps_done": len(hist)}, ds.summary())

@@ -5,7 +5,7 @@
 # %% ../../nbs/42_lora_training.ipynb #0281cbc5
 from __future__ import annotations
 import contextlib, os, threading, time
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
 from functools import partial
 from typing import Callable, Sequence
 
@@ -19,27 +19,39 @@ from ..ddpm.schedule import diffusion_target
 from ..ddpm.schedulers import make_scheduler
 from ..ddpm.sampling import sample
 from .layers import LORA_TARGETS, add_lora
-from .base import BASE_CLASSES, TRIGGER, concept_labels
+from .base import BASE_CLASSES, CONCEPT_DIGIT, TRIGGER, concept_labels
 from .checks import check_finite_loss, check_train_config
 from .data import ConceptDataset
+from .recipe import Recipe, check_bucket_sides, drop_mask, micro_batches
 from .metrics import (
     MetricsLog, PeakMemory, TrainResult, preview_if_due, train_result)
 
 # %% auto #0
-__all__ = ['diffusion_loss', 'prior_set', 'LoRATrainConfig', 'train_step', 'train_lora']
+__all__ = ['diffusion_loss', 'prior_set', 'LoRATrainConfig', 'train_step', 'unet_recipe_checks', 'concept_batch', 'train_lora']
 
 # %% ../../nbs/42_lora_training.ipynb #e446b47d
 def diffusion_loss(model: nn.Module, schedule, dcfg: DDPMConfig, x0: torch.Tensor, y: torch.Tensor,
-                   gen: torch.Generator, device) -> torch.Tensor:
+                   gen: torch.Generator, device, backward: Callable | None = None,
+                   grad_accum: int = 1) -> torch.Tensor:
     """Unit 1's loss on a batch `x0` `(B, C, H, W)` in [-1, 1] with class labels `y` `(B,)`: MSE
     between the model's output and `diffusion_target` for `dcfg.prediction_type`. `t` and `eps` are
-    drawn from `gen` on the CPU."""
+    drawn from `gen` on the CPU, for the whole batch. With `backward`: the batch is cut into
+    `grad_accum` micro-batches (`micro_batches`), `backward(share * loss)` runs on each, and the
+    batch's loss comes back detached (gradient accumulation: the same gradient)."""
     t = torch.randint(0, dcfg.num_train_timesteps, (len(x0),), generator=gen)
     eps = torch.randn(x0.shape, generator=gen)
     xt = schedule.q_sample(x0, t, eps)                        # x_t = sqrt(ab) x0 + sqrt(1 - ab) eps
-    out = model(xt.to(device), t.to(device), class_labels=y.to(device)).sample
     target = diffusion_target(schedule, x0, eps, t, dcfg.prediction_type)
-    return F.mse_loss(out.float(), target.to(device))
+    def loss(sl):
+        out = model(xt[sl].to(device), t[sl].to(device), class_labels=y[sl].to(device)).sample
+        return F.mse_loss(out.float(), target[sl].to(device))
+    if backward is None: return loss(slice(None))
+    total = torch.zeros(())
+    for sl, share in micro_batches(len(x0), grad_accum):
+        part = share * loss(sl)
+        backward(part)
+        total += part.detach().cpu()
+    return total
 
 # %% ../../nbs/42_lora_training.ipynb #fc345517
 @torch.no_grad()
@@ -60,11 +72,15 @@ class LoRATrainConfig:
     """One LoRA (or full fine-tuning) run.
 
     - `rank`, `alpha`: the adapter, `lr`: AdamW's learning rate, `steps`, `batch_size`: concept
-      images per step, `preview_every`: preview grid every N steps (0: never).
+      images per micro-batch, `preview_every`: preview grid every N steps (0: never).
     - `target_modules`, `adapter_name`, `trigger`: the trigger word.
     - `prior_images`: base-model samples of the known classes kept in training (DreamBooth prior
       preservation, 0: off), weighted `prior_weight`.
-    - `full_finetune`: train every weight instead (no adapter), `grad_clip`: max global norm."""
+    - `full_finetune`: train every weight instead (no adapter), `grad_clip`: max global norm.
+    - The recipe (`course_lib.lora.recipe`, notebook 42a): `lr_scheduler` with `lr_warmup_steps`,
+      `grad_accum` micro-batches a step, `ema_decay` (0: off), `caption_dropout` (to the base's
+      null class), `epochs` (0: train `steps` steps of random draws) of each image `repeats`
+      times, `buckets`: the data set's aspect-ratio buckets (`ConceptDataset(buckets=True)`)."""
     rank: int = 8
     alpha: float = 8.0
     lr: float = 3e-3
@@ -79,33 +95,67 @@ class LoRATrainConfig:
     full_finetune: bool = False
     grad_clip: float | None = 1.0
     seed: int = 0
+    lr_scheduler: str = "constant"
+    lr_warmup_steps: int = 0
+    grad_accum: int = 1
+    ema_decay: float = 0.0
+    caption_dropout: float = 0.0
+    repeats: int = 1
+    epochs: int = 0
+    buckets: bool = False
 
     def __post_init__(self): check_train_config(self)
     def to_dict(self) -> dict: return asdict(self)
 
 # %% ../../nbs/42_lora_training.ipynb #dda5bdd4
 def train_step(loss_on: Callable, batch: tuple, prior, cfg: LoRATrainConfig, acc, opt, params,
-               gen: torch.Generator, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    "One optimizer step on the concept `batch` (+ prior images). Returns the three losses."
-    loss_c = loss_on(*batch)
-    loss = loss_c
+               gen: torch.Generator, step: int,
+               recipe=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step on the concept `batch` (+ as many prior images), in `cfg.grad_accum`
+    micro-batches (the whole batch's update, to float rounding), then the `recipe`'s scheduler and
+    EMA steps (`Recipe.after_step`) if one is given. Returns the three losses."""
+    k, n = cfg.grad_accum, len(batch[0])
+    back = (lambda w: lambda part: acc.backward(w * part)) if k > 1 else lambda w: None
+    loss_c = loss_on(*batch, backward=back(1.0), grad_accum=k) if k > 1 else loss_on(*batch)
     loss_p = torch.zeros(())
     if prior is not None and len(prior[0]):
-        j = torch.randint(0, len(prior[0]), (cfg.batch_size,), generator=gen)
-        loss_p = loss_on(prior[0][j], prior[1][j])
-        loss = loss_c + cfg.prior_weight * loss_p
+        j = torch.randint(0, len(prior[0]), (n,), generator=gen)
+        more = dict(backward=back(cfg.prior_weight), grad_accum=k) if k > 1 else {}
+        loss_p = loss_on(prior[0][j], prior[1][j], **more)
+    loss = loss_c + cfg.prior_weight * loss_p
     check_finite_loss(loss.item(), step, cfg.lr)
-    acc.backward(loss)
+    if k == 1: acc.backward(loss)
     if cfg.grad_clip: acc.clip_grad_norm_(params, cfg.grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if recipe is not None: recipe.after_step()
     return loss, loss_c, loss_p
 
 # %% ../../nbs/42_lora_training.ipynb #c0f04041
+def unet_recipe_checks(unet: nn.Module, dataset: ConceptDataset,
+                       cfg: LoRATrainConfig) -> int | None:
+    """Check that `dataset`'s buckets are what `cfg.buckets` says and that `unet` can take them;
+    return the class a dropped caption becomes (`cfg.caption_dropout` > 0: the base's last class,
+    which must be none of its digits and not the trigger's), else None. `ValueError` naming what
+    does not fit."""
+    bucketed = len(dataset.bucket_list) > 1
+    if bucketed != cfg.buckets:
+        raise ValueError(f"buckets={cfg.buckets}, but the data set was built with buckets="
+                         f"{bucketed}: use ConceptDataset(..., buckets={cfg.buckets})")
+    dcfg = unet.ddpm_config
+    check_bucket_sides(dataset.bucket_list, 2 ** (len(dcfg.block_out_channels) - 1), "this UNet")
+    if not cfg.caption_dropout: return None
+    null = (unet.config.num_class_embeds or 0) - 1
+    if null < 0 or null in set(dcfg.classes or ()) | {CONCEPT_DIGIT}:
+        raise ValueError(f"caption_dropout={cfg.caption_dropout!r} needs a null class (the empty "
+                         f"prompt's label); this base's {null + 1} classes are all in use: use 0")
+    return null
+
 def _prepare(unet: nn.Module, dataset: ConceptDataset, cfg: LoRATrainConfig, prior):
-    "Checks, prior set, adapter, optimizer, accelerate: `(acc, model, opt, params, prior, labels)`."
+    "Checks, prior set, adapter, optimizer, accelerate, recipe."
     from accelerate import Accelerator
     labels = concept_labels(dataset, unet.ddpm_config, cfg.trigger)     # before anything slow
+    null = unet_recipe_checks(unet, dataset, cfg)
     torch.manual_seed(cfg.seed)
     if prior is None and cfg.prior_images:
         prior = prior_set(unet, cfg.prior_images, seed=cfg.seed + 1)
@@ -117,7 +167,18 @@ def _prepare(unet: nn.Module, dataset: ConceptDataset, cfg: LoRATrainConfig, pri
     model, opt = acc.prepare(unet, opt)
     if acc.device.type == "cuda": torch.cuda.reset_peak_memory_stats()
     model.train()
-    return acc, model, opt, params, prior, labels
+    return acc, model, opt, params, prior, labels, null, Recipe(cfg, opt, params, dataset.buckets)
+
+# %% ../../nbs/42_lora_training.ipynb #5c1e0b7a
+def concept_batch(dataset: ConceptDataset, labels: torch.Tensor, idx: torch.Tensor,
+                  gen: torch.Generator, cfg: LoRATrainConfig, null: int | None):
+    """The step's images `(B, C, H, W)` (augmented, of one bucket) and labels `(B,)` for the
+    image indices `idx`, each caption dropped to class `null` with probability
+    `cfg.caption_dropout` (drawn from `gen` only when it is above 0)."""
+    x0 = torch.stack([dataset[int(i)]["x"] for i in idx])   # (B, C, H, W) in [-1, 1], augmented
+    y = labels[idx % len(dataset.files)]
+    m = drop_mask(len(y), cfg.caption_dropout, gen)
+    return x0, y if m is None else torch.where(m, null, y)
 
 # %% ../../nbs/42_lora_training.ipynb #b88d644f
 @grad_enabled
@@ -128,34 +189,34 @@ def train_lora(unet: nn.Module, dataset: ConceptDataset, config: LoRATrainConfig
                progress: bool = True) -> TrainResult:
     """Train a LoRA adapter (`add_lora` on `unet`, in place) or, with `config.full_finetune`, every
     weight of `unet` (a `load_base` model, with its `.ddpm_config`) on `dataset`, each caption read
-    by `encode_prompt`, with an `accelerate` loop. `callback(row, preview)` runs after every step,
-    `stop_event.set()` stops after the current step, `log` is a path stem for `{log}.csv` and
-    `{log}.jsonl`, `prior` the prior-preservation set (default: `prior_set` of `unet`). Returns a
-    `TrainResult`. Raises `ValueError` when the images' size differs from the model's or a caption
-    names nothing the model knows, `FloatingPointError` on a NaN loss."""
+    by `encode_prompt`, with an `accelerate` loop and the config's recipe (the EMA's weights in
+    `unet` at the end). `callback(row, preview)` runs after every step, `stop_event.set()` stops
+    after the current step, `log` is a path stem for `{log}.csv` and `{log}.jsonl`, `prior` the
+    prior-preservation set (default: `prior_set` of `unet`). Returns a `TrainResult`. `ValueError`:
+    images not the model's size, a caption naming nothing it knows, a recipe that does not fit;
+    `FloatingPointError`: a NaN loss."""
     from tqdm.auto import tqdm
     cfg, dcfg = config or LoRATrainConfig(), unet.ddpm_config
-    acc, model, opt, params, prior, labels = _prepare(unet, dataset, cfg, prior)
+    acc, model, opt, params, prior, labels, null, recipe = _prepare(unet, dataset, cfg, prior)
+    cfg = replace(cfg, steps=recipe.steps)                  # what `epochs` implies, if set
     gen, logger = torch.Generator().manual_seed(cfg.seed), MetricsLog(log)
     loss_on = partial(diffusion_loss, model, dcfg.schedule(), dcfg, gen=gen, device=acc.device)
     previews, stopped, t0, t_steps, pm = [], False, time.time(), 0.0, PeakMemory()
-    desc = "train_lora" if not cfg.full_finetune else "full fine-tune"
-    for step in tqdm(range(cfg.steps), disable=not progress, desc=desc):
-        ts = time.time()
-        idx = torch.randint(0, len(dataset), (cfg.batch_size,), generator=gen)
-        x0 = torch.stack([dataset[int(i)]["x"] for i in idx])   # (B, C, H, W) in [-1, 1], augmented
+    for step in tqdm(range(cfg.steps), disable=not progress, desc="train_lora"):
+        ts, lr = time.time(), recipe.lr()
+        batch = concept_batch(dataset, labels, recipe.indices(step + 1, gen), gen, cfg, null)
         with pm if step == 0 else contextlib.nullcontext():
-            batch = (x0, labels[idx % len(dataset.files)])
             loss, loss_c, loss_p = train_step(loss_on, batch, prior, cfg, acc, opt, params, gen,
-                                              step)
+                                              step, recipe)
         if step: t_steps += time.time() - ts
         row = {"step": step + 1, "loss": loss.item(), "concept_loss": loss_c.item(),
-               "prior_loss": loss_p.item(), "lr": cfg.lr, "seconds": round(time.time() - t0, 3)}
+               "prior_loss": loss_p.item(), "lr": lr, "seconds": round(time.time() - t0, 3)}
+        if cfg.buckets: row["bucket"] = "x".join(map(str, batch[0].shape[:1:-1]))   # W x H
         logger(row)
         preview = preview_if_due(acc.unwrap_model(model), cfg, step, previews)
         if callback is not None: callback(row, preview)
-        if stop_event is not None and stop_event.is_set():
-            stopped = True
-            break
+        stopped = stop_event is not None and stop_event.is_set()
+        if stopped: break
+    recipe.finish()
     return train_result(acc.unwrap_model(model), opt, params, logger.rows, previews, stopped,
                         time.time() - t0, t_steps, pm.peak, cfg.to_dict())

@@ -29,12 +29,15 @@ class StudioBase:
     itself (`course_lib.studio.worker.base_spec`): give `source`, a `'module:function'` string
     naming a function without arguments that returns a list of bases among which this one (same
     `trainer` and `key`), as `default_bases` and `tiny_bases` do, or let `load` be a module-level
-    function, or a `functools.partial` of one with JSON arguments."""
+    function, or a `functools.partial` of one with JSON arguments. `bucket_multiple`: what the
+    sides of its aspect-ratio buckets must be multiples of (a UNet: 2^(levels - 1); FLUX: twice
+    the VAE's scale factor)."""
     trainer: str
     key: str
     load: Callable
     image_size: int = 16
     source: str = ""
+    bucket_multiple: int = 4          # sides of its aspect-ratio buckets: multiples of this
 
 def default_bases() -> list[StudioBase]:
     """The course's own base models, which ship with the package (`course_lib/pretrained/`, copied
@@ -48,9 +51,9 @@ def default_bases() -> list[StudioBase]:
     u, f = base_config(), FluxMiniConfig()
     src = "course_lib.studio.settings:default_bases"
     return [StudioBase("unet", u.key(), functools.partial(load_base, u, progress=False),
-                       u.image_size, src),
+                       u.image_size, src, 2 ** (len(u.block_out_channels) - 1)),
             StudioBase("flux", f.key(), functools.partial(load_flux_mini, f, progress=False),
-                       f.image_size, src)]
+                       f.image_size, src, f.patch_multiple())]
 
 # %% ../../nbs/83a_studio_settings.ipynb #8ca5a333
 def _tiny_unet(u):
@@ -70,9 +73,10 @@ def tiny_bases() -> list[StudioBase]:
                          norm_num_groups=8, attention=(False, True), steps=1)
     f = FluxMiniConfig(num_layers=1, num_single_layers=1, text_layers=1)
     src = "course_lib.studio.settings:tiny_bases"
-    return [StudioBase("unet", u.key(), functools.partial(_tiny_unet, u), u.image_size, src),
+    return [StudioBase("unet", u.key(), functools.partial(_tiny_unet, u), u.image_size, src,
+                       2 ** (len(u.block_out_channels) - 1)),
             StudioBase("flux", f.key(), functools.partial(make_flux_pipeline, f), f.image_size,
-                       src)]
+                       src, f.patch_multiple())]
 
 # %% ../../nbs/83a_studio_settings.ipynb #32816d85
 def settings_fields(trainer: str) -> dict:
@@ -88,6 +92,7 @@ def check_trainer(trainer: str) -> str:
 def _coerce(name: str, default, value):
     if isinstance(value, str): value = value.strip()
     if value in ("", None): return None
+    if name == "time_shift" and str(value).lower() == "auto": return "auto"   # FLUX's own shift
     if name == "target_modules" and isinstance(value, str):
         return tuple(t.strip() for t in value.split(",") if t.strip())
     if isinstance(default, bool): return bool(value)

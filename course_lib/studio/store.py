@@ -173,21 +173,25 @@ def hand_captions(self) -> list[str]:
 # %% ../../nbs/83b_studio_store.ipynb #8ed918c9
 @patch_to(StudioStore)
 def image_sizes(self, trainer: str = "unet") -> tuple[list[dict], list[str]]:
-    """Per image: name, size (width x height after its EXIF orientation, as the trainers read it)
-    and the bucket the trainer resizes it to, and warnings naming the images whose size differs
-    from the most common one."""
+    """Per image: name, size (width x height after its EXIF orientation, as the trainers read it),
+    the square `bucket` the trainer resizes it to and its `aspect_bucket` with `buckets=True`
+    (`aspect_buckets` of the base's side and `bucket_multiple`), and warnings naming the images
+    whose size differs from the most common one."""
     from collections import Counter
-    from course_lib.lora.data import assign_bucket
-    s = self.bases[trainer].image_size if trainer in self.bases else 16
-    rows = []
+    from course_lib.lora.data import aspect_buckets, assign_bucket
+    b = self.bases.get(trainer)
+    s, m = (b.image_size, b.bucket_multiple) if b else (16, 4)
+    grid, rows = aspect_buckets(s, m), []
     for p in self.images():
         w, h = open_image(p, "L").size                  # after the EXIF orientation, as trained
         rows.append({"image": p.name, "size": f"{w}x{h}",
-                     "bucket": "x".join(map(str, assign_bucket(w, h, [(s, s)])))})
+                     "bucket": "x".join(map(str, assign_bucket(w, h, [(s, s)]))),
+                     "aspect_bucket": "x".join(map(str, assign_bucket(w, h, grid)))})
     if not rows: return rows, []
     common = Counter(r["size"] for r in rows).most_common(1)[0][0]
     warn = [f"{r['image']} is {r['size']}, the others {common}: it is resized and centre-cropped "
-            f"to {r['bucket']} like them" for r in rows if r["size"] != common]
+            f"to {r['bucket']} like them (with aspect-ratio buckets on: fitted to "
+            f"{r['aspect_bucket']})" for r in rows if r["size"] != common]
     return rows, warn
 
 # %% ../../nbs/83b_studio_store.ipynb #ff5dc97b

@@ -45,12 +45,16 @@ def _sizes_said(st: Studio) -> str:
     return (f"Each base trains at one square size: {sides} pixels. An uploaded image is turned "
             "upright (its EXIF orientation), scaled to cover that square and centre-cropped, so a "
             "photo becomes a thumbnail of its centre: upload images whose subject fills the "
-            "frame. The course's bases draw grey digits.")
+            "frame. With the Train tab's aspect-ratio buckets on, it keeps its shape instead: "
+            "it is fitted to the bucket of closest aspect ratio with about the same number of "
+            "pixels (the table's bucket column shows both). The course's bases draw grey digits.")
 
 def _data_rows(st: Studio):
     "The Data tab's table (image, size, bucket, caption) and the warnings about odd sizes."
     caps, (sizes, warn) = st.captions(), st.image_sizes("unet")
-    return [[r["image"], r["size"], r["bucket"], caps.get(r["image"], "")] for r in sizes], warn
+    both = lambda r: (r["bucket"] if r["bucket"] == r["aspect_bucket"] else
+                      f"{r['bucket']} (with buckets: {r['aspect_bucket']})")
+    return [[r["image"], r["size"], both(r), caps.get(r["image"], "")] for r in sizes], warn
 
 # %% ../../nbs/83g_studio_tab_data.ipynb #3303fb8b
 def _data_handlers(st: Studio, gr) -> dict:

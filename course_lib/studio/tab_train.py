@@ -6,6 +6,7 @@
 from __future__ import annotations
 from typing import Sequence
 
+from ..lora.recipe import LR_SCHEDULES
 from .settings import TRAINERS, settings_fields
 from .service import Studio, status_text
 from .widgets import _guard
@@ -48,6 +49,26 @@ SETTING_HELP = {   # setting: (its name in words, a line of help), for both trai
 }
 
 # %% ../../nbs/83h_studio_tab_train.ipynb #b2b63370
+SETTING_HELP.update({    # the recipe (notebook 42a) and FLUX's time shift
+    "lr_scheduler": ("learning-rate schedule", "how the rate moves over the run (diffusers' "
+                     "get_scheduler): constant, constant_with_warmup, cosine or linear"),
+    "lr_warmup_steps": ("warm-up steps", "steps over which the rate rises from 0 (not with "
+                        "'constant')"),
+    "grad_accum": ("gradient accumulation", "micro-batches a step: the update of a batch this many "
+                   "times larger, for the memory of one"),
+    "ema_decay": ("EMA decay", "keep an exponential moving average of the adapter and deliver it "
+                  "(e.g. 0.99; 0: off)"),
+    "caption_dropout": ("caption dropout", "share of training captions replaced by the empty "
+                        "prompt (unit 4's UNet needs a base with a null class)"),
+    "repeats": ("repeats", "times each image counts in an epoch (kohya's num_repeats)"),
+    "epochs": ("epochs", "train this many passes over the images x repeats (0: use training "
+               "steps instead)"),
+    "buckets": ("aspect-ratio buckets", "keep each image's shape: batches of one bucket, "
+                "sides multiples of what the model needs"),
+    "time_shift": ("time shift", "SD3's shift of the training times towards noise (1: none, "
+                   "e.g. 3), or 'auto': FLUX's, from the image's token count"),
+})
+
 FORM_SKIP = {"preview_every"}      # set once for both trainers, by the field above the forms
 
 def _field(gr, trainer: str, k: str, v):
@@ -58,7 +79,8 @@ def _field(gr, trainer: str, k: str, v):
     shown = ", ".join(v) if isinstance(v, tuple) else "empty" if v is None else v
     kw = dict(label=words, info=f"{help_} ({k}, default {shown})".lstrip(), elem_id=eid)
     if isinstance(v, bool): return gr.Checkbox(v, **kw)
-    if isinstance(v, (int, float)) and k != "grad_clip":
+    if k == "lr_scheduler": return gr.Dropdown(list(LR_SCHEDULES), value=v, **kw)
+    if isinstance(v, (int, float)) and k not in ("grad_clip", "time_shift"):
         return gr.Number(v, precision=0 if isinstance(v, int) else None, **kw)
     if isinstance(v, tuple): v = ", ".join(v)
     return gr.Textbox("" if v is None else str(v), **kw)
