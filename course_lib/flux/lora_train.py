@@ -42,7 +42,7 @@ class FluxLoRAConfig:
     - `target_modules`, `train_text_encoder`: a LoRA on CLIP too, `trigger`, `resolution`: image
       side (None: the images'), `checkpoint_every`, `max_sequence_length`: T5 tokens (None: all)
     - `time_sampling`: 'logit-normal' or 'uniform', then `time_shift`: SD3's shift s (1: none) or
-      'auto', FLUX's from the image's token count; `guidance`: the distilled-guidance input
+      'auto', FLUX's from the image's token count, `guidance`: the distilled-guidance input
     - the recipe (notebook 42a): `lr_scheduler`, `lr_warmup_steps`, `grad_accum`, `ema_decay`,
       `caption_dropout` (to the empty prompt), `epochs`, `repeats`, `buckets`"""
     rank: int = 8
@@ -197,8 +197,8 @@ def read_concept_folder(folder: str | os.PathLike, resolution: int | None = None
 def read_concept_buckets(folder: str | os.PathLike, resolution: int | None, multiple: int,
                          channels: int = 1, caption_ext: str = ".txt", trigger: str | None = None):
     """`read_concept_folder` with aspect-ratio buckets: each image fitted to its bucket of
-    `aspect_buckets(resolution, multiple)` (`assign_bucket`, after EXIF orientation; default
-    resolution: the first image's short side, down to a multiple). Returns the images (a list of
+    `aspect_buckets(resolution, multiple)` (`assign_bucket`, after EXIF orientation, the default
+    resolution the first image's short side, down to a multiple). Returns the images (a list of
     float `(channels, H, W)` in [-1, 1]), the captions and the buckets `(W, H)`. `ValueError` for
     a `resolution` that is not a multiple of `multiple`, and as above."""
     ims, caps = _open_concept(folder, channels, caption_ext, trigger)

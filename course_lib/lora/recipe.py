@@ -69,7 +69,7 @@ class BatchPlan:
     """Which images each optimizer step trains on. `buckets[i]`: image `i`'s bucket (one value
     for all: no buckets), `batch_size`: images a step (the batch of all micro-batches),
     `epochs` 0: `steps` steps of random draws (with replacement, from `generator`, one bucket a
-    step chosen in proportion to its images); `epochs` >= 1: `epoch_batches` with `repeats` and
+    step chosen in proportion to its images), `epochs` >= 1: `epoch_batches` with `repeats` and
     `seed`, `self.steps` = epochs x `steps_per_epoch`. `ValueError` naming a bad count."""
     def __init__(self, buckets: Sequence, batch_size: int, steps: int, epochs: int = 0,
                  repeats: int = 1, seed: int = 0):
@@ -165,7 +165,10 @@ class Recipe:
                                        start)
         self.ema = make_ema(self.params, cfg.ema_decay)
 
-    def indices(self, step: int, generator) -> torch.Tensor: return self.plan.indices(step, generator)
+    def indices(self, step: int, generator) -> torch.Tensor:
+        "The image indices of optimizer step `step` (1-based): `BatchPlan.indices`."
+        return self.plan.indices(step, generator)
+
     def lr(self) -> float: return self.opt.param_groups[0]["lr"]
 
     def after_step(self) -> None:
@@ -182,12 +185,13 @@ class Recipe:
         if self.ema is not None and "ema" in state: self.ema.load_state_dict(dict(state["ema"]))
 
     def finish(self) -> None:
-        "Put the EMA's weights into `params` (what the run delivers); nothing without EMA."
+        "Put the EMA's weights into `params` (what the run delivers), nothing without EMA."
         if self.ema is not None: self.ema.copy_to(self.params)
 
 # %% ../../nbs/42a_lora_recipe.ipynb #32e70629
 def check_bucket_sides(buckets: Sequence[tuple[int, int]], multiple: int, model: str) -> None:
-    "Raise `ValueError` naming the first bucket `(W, H)` whose sides are not multiples of `multiple`."
+    "Raise `ValueError` naming the first bucket `(W, H)` with a side not a multiple of `multiple`."
     for w, h in buckets:
         if w % multiple or h % multiple:
-            raise ValueError(f"bucket {w}x{h}: {model} needs sides that are multiples of {multiple}")
+            raise ValueError(f"bucket {w}x{h}: {model} needs sides that are multiples of "
+                             f"{multiple}")

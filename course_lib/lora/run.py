@@ -273,7 +273,7 @@ def _lora_setup(base, folder, cfg, run_dir: Path, resume: bool):
     labels = torch.tensor([encode_prompt(c, cfg.trigger) for c in ds.captions])
     null = unet_recipe_checks(base, ds, cfg)
     prior = prior_set(base, cfg.prior_images, seed=cfg.seed + 1) if cfg.prior_images else None
-    torch.manual_seed(cfg.seed)              # the adapter's initial A: the same run twice is the same
+    torch.manual_seed(cfg.seed)              # the adapter's initial A: one config, one adapter
     model = add_lora(copy.deepcopy(base), cfg.rank, cfg.alpha, cfg.target_modules,
                      cfg.adapter_name)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -30,7 +30,7 @@ class StudioBase:
     naming a function without arguments that returns a list of bases among which this one (same
     `trainer` and `key`), as `default_bases` and `tiny_bases` do, or let `load` be a module-level
     function, or a `functools.partial` of one with JSON arguments. `bucket_multiple`: what the
-    sides of its aspect-ratio buckets must be multiples of (a UNet: 2^(levels - 1); FLUX: twice
+    sides of its aspect-ratio buckets must be multiples of (a UNet: 2^(levels - 1), FLUX: twice
     the VAE's scale factor)."""
     trainer: str
     key: str

@@ -38,6 +38,7 @@ def _data_tab(st: Studio, gr) -> dict:
         ui["msg"] = gr.Markdown(elem_id="data-status")
     return ui
 
+# %% ../../nbs/83g_studio_tab_data.ipynb #9e1c4b7d
 def _sizes_said(st: Studio) -> str:
     "What an upload becomes: each base's training size, said where images are added."
     sides = ", ".join(f"the {b.trainer} base {b.image_size}x{b.image_size}"

@@ -69,6 +69,7 @@ SETTING_HELP.update({    # the recipe (notebook 42a) and FLUX's time shift
                    "e.g. 3), or 'auto': FLUX's, from the image's token count"),
 })
 
+# %% ../../nbs/83h_studio_tab_train.ipynb #2d8e5f0a
 FORM_SKIP = {"preview_every"}      # set once for both trainers, by the field above the forms
 
 def _field(gr, trainer: str, k: str, v):

@@ -69,7 +69,7 @@ def train_run(trainer: str, model, images_dir: Path, run_dir: Path, cfg, meta: d
                               on_step(row), stop_event=stop_event,
                               sample_prompts=meta.get("preview_prompts", ())).stopped
     res = cfg.resolution or image_size
-    cfg = replace(cfg, resolution=res)      # the base's side, as the Data tab says (not the images')
+    cfg = replace(cfg, resolution=res)      # the base's side, as the Data tab says
     samples = [parse_sample_prompt(p) for p in meta.get("preview_prompts", ())]
     prompts = [f"{cfg.trigger} {w}" for w in ("zero", "three", "seven", "eight")]
     pv = _flux_previews(model, run_dir, prompts, meta["preview_every"], res,
