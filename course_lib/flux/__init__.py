@@ -10,24 +10,25 @@ __all__ = ['check_guidance_scale', 'check_label_dropout', 'check_class', 'warn_n
            'property_thresholds', 'caption_digits', 'make_tokenizer', 'COURSE_CAPTIONER', 'CAPTION_SLOTS',
            'CORNER_SHARE', 'to_corner', 'measure_slots', 'slots_to_captions', 'measured_captions', 'captioner_data',
            'DigitsCaptionNet', 'CaptionerConfig', 'caption_accuracy', 'train_digits_captioner', 'check_images',
-           'images_to_tensor', 'Captioner', 'DigitsCaptioner', 'load_digits_captioner', 'HFCaptioner', 'get_captioner',
-           'TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target', 'shift_time', 'dynamic_shift_time',
-           'flow_grid', 'euler_step', 'calculate_shift', 'UNetVelocity', 'euler_sample', 'FluxMiniConfig',
-           'quiet_loading', 'save_flux_mini', 'open_flux_mini', 'check_int', 'check_side', 'check_size',
-           'check_prompts', 'FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid', 'corner_rate', 'encode_images',
-           'encode_captions', 'flux_flow_loss', 'base_dtype', 'add_flux_lora', 'trainable_parameters', 'lora_state',
-           'reduce_rank', 'layer_scales', 'reduced_config', 'save_flux_lora', 'check_flux_lora', 'load_flux_lora',
-           'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder', 'read_concept_folder', 'read_concept_buckets',
-           'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora', 'flux_generate', 'save_preview', 'run_summary',
-           'compare_runs', 'uploaded_files', 'make_tab', 'tab_titles', 'FluxLoRADashboard', 'cfg_combine',
-           'drop_labels', 'label_dropout_dataset', 'load_guided_ddpm', 'GuidedUNet', 'sample_guided', 'prompted_rate',
-           'mean_se', 'FlowConfig', 'make_flow_model', 'train_flow', 'load_pretrained_flow', 'sample_flow',
-           'KOHYA_PREFIXES', 'adapter_parts', 'kohya_name', 'module_names', 'to_kohya', 'from_kohya', 'save_kohya_lora',
-           'kohya_configs', 'read_kohya_lora', 'check_kohya_lora', 'load_kohya_lora', 'EXPORT_DTYPES', 'EXPORT_FORMATS',
-           'export_adapter', 'load_exported', 'model_output', 'default_export_options', 'export_options',
-           'flux_concept_judge', 'unet_concept_judge', 'make_flux_pipeline', 'pack_latents', 'unpack_latents',
-           'latent_ids', 'FluxVelocity', 'train_vae', 'encode_latents', 'caption_table', 'generate', 'flow_config',
-           'train_flux_mini', 'load_flux_mini', 'prompt_digit', 'judge_prompt_rate']
+           'images_to_tensor', 'Captioner', 'DigitsCaptioner', 'load_digits_captioner', 'CAPTION_PROMPTS',
+           'HFCaptioner', 'get_captioner', 'TIME_SAMPLINGS', 'sample_time', 'interpolate', 'velocity_target',
+           'shift_time', 'dynamic_shift_time', 'flow_grid', 'euler_step', 'calculate_shift', 'UNetVelocity',
+           'euler_sample', 'FluxMiniConfig', 'quiet_loading', 'save_flux_mini', 'open_flux_mini', 'check_int',
+           'check_side', 'check_size', 'check_prompts', 'FLUX_ATTENTION_TARGETS', 'CLIP_TARGETS', 'ink_centroid',
+           'corner_rate', 'encode_images', 'encode_captions', 'flux_flow_loss', 'base_dtype', 'add_flux_lora',
+           'trainable_parameters', 'lora_state', 'reduce_rank', 'layer_scales', 'reduced_config', 'save_flux_lora',
+           'check_flux_lora', 'load_flux_lora', 'PRESET_FORMAT', 'FluxLoRAConfig', 'write_corner_folder',
+           'read_concept_folder', 'read_concept_buckets', 'FluxLoRARun', 'train_flux_lora', 'cached_flux_lora',
+           'flux_generate', 'save_preview', 'run_summary', 'compare_runs', 'uploaded_files', 'make_tab', 'tab_titles',
+           'FluxLoRADashboard', 'cfg_combine', 'drop_labels', 'label_dropout_dataset', 'load_guided_ddpm', 'GuidedUNet',
+           'sample_guided', 'prompted_rate', 'mean_se', 'FlowConfig', 'make_flow_model', 'train_flow',
+           'load_pretrained_flow', 'sample_flow', 'KOHYA_PREFIXES', 'adapter_parts', 'kohya_name', 'module_names',
+           'to_kohya', 'from_kohya', 'save_kohya_lora', 'kohya_configs', 'read_kohya_lora', 'check_kohya_lora',
+           'load_kohya_lora', 'EXPORT_DTYPES', 'EXPORT_FORMATS', 'export_adapter', 'load_exported', 'model_output',
+           'default_export_options', 'export_options', 'flux_concept_judge', 'unet_concept_judge', 'make_flux_pipeline',
+           'pack_latents', 'unpack_latents', 'latent_ids', 'FluxVelocity', 'train_vae', 'encode_latents',
+           'caption_table', 'generate', 'flow_config', 'train_flux_mini', 'load_flux_mini', 'prompt_digit',
+           'judge_prompt_rate']
 
 # %% ../../nbs/82z_flux_api.ipynb #a8f7187a
 from .checks import (
@@ -52,12 +53,12 @@ from .captioner import (
     COURSE_CAPTIONER, CAPTION_SLOTS, CORNER_SHARE, to_corner, measure_slots, slots_to_captions,
     measured_captions, captioner_data, DigitsCaptionNet, CaptionerConfig, caption_accuracy,
     train_digits_captioner, check_images, images_to_tensor, Captioner, DigitsCaptioner,
-    load_digits_captioner, HFCaptioner, get_captioner)
+    load_digits_captioner, CAPTION_PROMPTS, HFCaptioner, get_captioner)
 _all_ = ['COURSE_CAPTIONER', 'CAPTION_SLOTS', 'CORNER_SHARE', 'to_corner', 'measure_slots',
          'slots_to_captions', 'measured_captions', 'captioner_data', 'DigitsCaptionNet',
          'CaptionerConfig', 'caption_accuracy', 'train_digits_captioner', 'check_images',
          'images_to_tensor', 'Captioner', 'DigitsCaptioner', 'load_digits_captioner',
-         'HFCaptioner', 'get_captioner']
+         'CAPTION_PROMPTS', 'HFCaptioner', 'get_captioner']
 
 # %% ../../nbs/82z_flux_api.ipynb #e2628de3
 from .flow import (

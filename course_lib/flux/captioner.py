@@ -21,10 +21,10 @@ from .parts import DIGIT_NAMES, PROPERTY_SIZE, ink_mass, property_thresholds, sl
 from ..lora.data import fit_image
 
 # %% auto #0
-__all__ = ['COURSE_CAPTIONER', 'CAPTION_SLOTS', 'CORNER_SHARE', 'to_corner', 'measure_slots', 'slots_to_captions',
-           'measured_captions', 'captioner_data', 'DigitsCaptionNet', 'CaptionerConfig', 'caption_accuracy',
-           'train_digits_captioner', 'check_images', 'images_to_tensor', 'Captioner', 'DigitsCaptioner',
-           'load_digits_captioner', 'HFCaptioner', 'get_captioner']
+__all__ = ['COURSE_CAPTIONER', 'CAPTION_SLOTS', 'CORNER_SHARE', 'CAPTION_PROMPTS', 'to_corner', 'measure_slots',
+           'slots_to_captions', 'measured_captions', 'captioner_data', 'DigitsCaptionNet', 'CaptionerConfig',
+           'caption_accuracy', 'train_digits_captioner', 'check_images', 'images_to_tensor', 'Captioner',
+           'DigitsCaptioner', 'load_digits_captioner', 'HFCaptioner', 'get_captioner']
 
 # %% ../../nbs/82_captioner.ipynb #ac8ff0d6
 COURSE_CAPTIONER = "course-digits"      # get_captioner's name for the course's own captioner
@@ -259,10 +259,21 @@ def load_digits_captioner(config: CaptionerConfig | None = None, retrain: bool =
     return DigitsCaptioner(net, json.loads(meta.get("accuracy", "{}")))
 
 # %% ../../nbs/82_captioner.ipynb #07f21192
-def _hf_parts(name: str, trust_remote_code: bool):
+CAPTION_PROMPTS = {"florence2": "<CAPTION>"}     # a model type's prompt when none is given
+_OWN_MODEL_CLASSES = ("AutoModelForImageTextToText", "AutoModelForCausalLM",
+                      "AutoModelForSeq2SeqLM")   # the first of these a repo's auto_map names
+
+
+def _hf_config(name: str) -> dict:
+    "The `config.json` of a Hub model or local folder as a dict (no code run). `OSError` if none."
+    from transformers import PretrainedConfig
+    return PretrainedConfig.get_config_dict(name)[0]
+
+
+def _hf_parts(name: str, config: dict, trust_remote_code: bool):
     "(processor, image processor, tokenizer, model) of a Hub image-to-text model."
-    from transformers import (AutoImageProcessor, AutoModelForCausalLM,
-                              AutoModelForImageTextToText, AutoProcessor, AutoTokenizer)
+    import transformers
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
     from transformers.processing_utils import ProcessorMixin
     kw = {"trust_remote_code": trust_remote_code}
     proc = AutoProcessor.from_pretrained(name, **kw)
@@ -271,45 +282,69 @@ def _hf_parts(name: str, trust_remote_code: bool):
     else:             # no processor in the repository (ViT-GPT2): its two halves
         proc, image_proc = None, AutoImageProcessor.from_pretrained(name, **kw)
         tok = AutoTokenizer.from_pretrained(name, **kw)
-    try:
-        model = AutoModelForImageTextToText.from_pretrained(name, **kw)
-    except ValueError:
-        if not trust_remote_code: raise
-        model = AutoModelForCausalLM.from_pretrained(name, **kw)   # Florence-2's own code
+    own = config.get("auto_map", {}) if trust_remote_code else {}
+    auto = next((c for c in _OWN_MODEL_CLASSES if c in own), "AutoModelForImageTextToText")
+    # florence2 -> Florence2ForConditionalGeneration, blip -> BlipForConditionalGeneration, ...
+    model = getattr(transformers, auto).from_pretrained(name, **kw)
     return proc, image_proc, tok, model.eval()
+
+# %% ../../nbs/82_captioner.ipynb #18e62817
+def _own_code_said(name: str, config: dict) -> str:
+    "Why a repository that ships its own code is refused, and what to do instead (one line)."
+    import re
+    said = (f"{name!r} runs its own Python code (its config.json's auto_map: "
+            f"{', '.join(sorted(config['auto_map']))}), which transformers loads only with "
+            "trust_remote_code=True (the studio's Data tab: tick 'Allow the model's own code'): "
+            "that code runs on this machine, so pass it only for a repository you trust")
+    if m := re.search(r"microsoft/(Florence-2-[\w.-]+)", name):
+        said += (f", or use 'florence-community/{m[1]}': Florence-2 for transformers' own "
+                 "Florence2ForConditionalGeneration, which needs no such code")
+    return said
+
+
+def _hf_load(name: str, fn, *args):
+    "`fn(name, *args)`, what it raises for a missing model or a wrong kind said for a reader."
+    try:
+        return fn(name, *args)
+    except OSError as e:              # no such repository, no network, not in the cache
+        raise OfflineError(
+            f"the captioning model {name!r} could not be loaded ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]}). It needs the Hugging Face Hub, or a copy in its "
+            "cache or a local folder. Without them (offline, HF_HUB_OFFLINE=1) use the course's "
+            f"own captioner: get_captioner({COURSE_CAPTIONER!r})") from None
+    except ValueError as e:
+        hint = (". It runs its own code: pass trust_remote_code=True if you trust it"
+                if "trust_remote_code" in str(e) else "")
+        raise ValueError(f"{name!r} is not an image-to-text model transformers can load "
+                         f"({str(e).splitlines()[0][:200]}){hint}") from None
 
 # %% ../../nbs/82_captioner.ipynb #9e8041c1
 class HFCaptioner:
     """A Hugging Face vision-language model as a captioner (`get_captioner(model_id)`): `name` its
-    id, `prompt` the text it is given (Florence-2: '<CAPTION>', BLIP: none or 'a picture of'),
-    `max_new_tokens` the caption's length limit. Raises `OfflineError` (model not reachable nor
-    cached: names `'course-digits'`) and `ValueError` (not an image-to-text model, or its own code
-    needs `trust_remote_code=True`)."""
+    id or folder, `prompt` the text it is given (default `CAPTION_PROMPTS` for its model type:
+    Florence-2 '<CAPTION>', BLIP none or 'a picture of'), `max_new_tokens` the caption's length
+    limit. A repository whose `config.json` names its own code (`auto_map`) loads only with
+    `trust_remote_code=True`, which runs that code. Raises `OfflineError` (model not reachable nor
+    cached: names `'course-digits'`), and `ValueError` for a model's own code without
+    `trust_remote_code=True` (naming the flag, and `florence-community/Florence-2-*` for
+    `microsoft/Florence-2-*`) or for a model that is not image-to-text."""
     def __init__(self, name: str, prompt: str | None = None, device=None,
                  trust_remote_code: bool = False, max_new_tokens: int = 30):
-        self.name, self.prompt, self.max_new_tokens = name, prompt, max_new_tokens
-        try:
-            parts = _hf_parts(name, trust_remote_code)
-        except OSError as e:              # no such repository, no network, not in the cache
-            raise OfflineError(
-                f"the captioning model {name!r} could not be loaded ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:200]}). It needs the Hugging Face Hub, or a copy in its "
-                "cache or a local folder. Without them (offline, HF_HUB_OFFLINE=1) use the "
-                "course's "
-                f"own captioner: get_captioner({COURSE_CAPTIONER!r})") from None
-        except ValueError as e:
-            hint = (". It runs its own code: pass trust_remote_code=True if you trust it"
-                    if "trust_remote_code" in str(e) else "")
-            raise ValueError(f"{name!r} is not an image-to-text model transformers can load "
-                             f"({str(e).splitlines()[0][:200]}){hint}") from None
+        self.name, self.max_new_tokens = name, max_new_tokens
+        config = _hf_load(name, _hf_config)
+        if config.get("auto_map") and not trust_remote_code:
+            raise ValueError(_own_code_said(name, config))
+        self.prompt = CAPTION_PROMPTS.get(config.get("model_type")) if prompt is None else prompt
+        parts = _hf_load(name, _hf_parts, config, trust_remote_code)
         self.processor, self.image_processor, self.tokenizer, self.model = parts
         if device is not None: self.model.to(device)
 
 # %% ../../nbs/82_captioner.ipynb #9d42904d
 @patch_to(HFCaptioner)
 def caption(self, images: Sequence) -> list[str]:
-    """One caption a PIL image (any size or mode: converted to RGB as `convert_image` does). The
-    prompt, if the model repeats it, is cut off. Raises as `check_images` does."""
+    """One caption a PIL image (any size or mode: converted to RGB as `convert_image` does). A
+    prompt the model repeats is cut off, and a processor with task parsing (Florence-2's
+    `post_process_generation`) parses the answer to the prompt. Raises as `check_images` does."""
     ims = [convert_image(im, "RGB") for im in check_images(images)]
     if self.processor is not None:
         text = {"text": [self.prompt] * len(ims)} if self.prompt else {}
@@ -320,9 +355,14 @@ def caption(self, images: Sequence) -> list[str]:
     inputs = {k: v.to(dev) for k, v in inputs.items()}
     with torch.no_grad():
         out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens)
-    if "input_ids" in inputs and not self.model.config.is_encoder_decoder:
-        out = out[:, inputs["input_ids"].shape[1]:]        # decoder-only: the prompt comes back
+    n = inputs["input_ids"].shape[1] if "input_ids" in inputs else 0
+    if n and out.shape[1] >= n and torch.equal(out[:, :n], inputs["input_ids"]):
+        out = out[:, n:]                       # a decoder-only model gives the prompt back first
     caps = self.tokenizer.batch_decode(out, skip_special_tokens=True)
+    parse = getattr(self.processor, "post_process_generation", None)
+    if parse is not None and self.prompt:      # Florence-2: {task: answer}
+        return [str(parse(c, task=self.prompt, image_size=im.size)[self.prompt]).strip()
+                for c, im in zip(caps, ims)]
     return [c.replace(self.prompt, "", 1).strip() if self.prompt else c.strip() for c in caps]
 
 
@@ -330,16 +370,18 @@ def caption(self, images: Sequence) -> list[str]:
 def __repr__(self): return f"HFCaptioner({self.name!r})"
 
 # %% ../../nbs/82_captioner.ipynb #8d158eaa
-def get_captioner(name: str = COURSE_CAPTIONER, **kwargs) -> DigitsCaptioner | HFCaptioner:
+def get_captioner(name: str = COURSE_CAPTIONER, *, trust_remote_code: bool = False,
+                  **kwargs) -> DigitsCaptioner | HFCaptioner:
     """A captioner by name: `'course-digits'` the course's own (`load_digits_captioner(**kwargs)`,
     trained in seconds on first use, no network), anything else a Hugging Face model id or local
-    folder (`HFCaptioner(name, **kwargs)`: `prompt`, `device`, `trust_remote_code`,
-    `max_new_tokens`). Each has `caption(images: list[PIL.Image]) -> list[str]`. Raises
+    folder (`HFCaptioner(name, trust_remote_code=..., **kwargs)`: `prompt`, `device`,
+    `max_new_tokens`). `trust_remote_code=True` lets a repository's own code run (the course's
+    captioner ignores it). Each has `caption(images: list[PIL.Image]) -> list[str]`. Raises
     `TypeError` for a non-string name, `OfflineError` naming the model and `'course-digits'`
-    when a Hub model cannot be reached."""
+    when a Hub model cannot be reached, `ValueError` for a model's own code without the opt-in."""
     if not isinstance(name, str) or not name.strip():
         raise TypeError(f"captioner name must be a non-empty string, got {name!r}: "
                         f"{COURSE_CAPTIONER!r} or a Hugging Face model id")
     if name == COURSE_CAPTIONER:
         return load_digits_captioner(**kwargs)
-    return HFCaptioner(name, **kwargs)
+    return HFCaptioner(name, trust_remote_code=trust_remote_code, **kwargs)

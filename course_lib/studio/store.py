@@ -138,19 +138,21 @@ def set_captions(self, captions: dict[str, str]) -> None:
 # %% ../../nbs/83b_studio_store.ipynb #c9a282f4
 @patch_to(StudioStore)
 def caption_images(self, captioner: str = "course-digits", trigger: str = "",
-                   replace: bool = False) -> dict[str, str]:
-    """Caption the images with `course_lib.flux.captioner.get_captioner(captioner)` (the course's
-    own captioner, or a Hugging Face image-to-text model by name), the `trigger` word in front,
-    each image opened as the trainer opens it (`open_image`), and write the sidecars. A caption
-    the captioner did not write (uploaded, typed or edited by hand) is kept unless `replace`.
-    Returns every image's caption. `ValueError` for an image sharing its caption file."""
+                   replace: bool = False, trust_remote_code: bool = False) -> dict[str, str]:
+    """Caption the images with `course_lib.flux.captioner.get_captioner(captioner,
+    trust_remote_code=...)` (the course's own captioner, or a Hugging Face image-to-text model by
+    name, one that ships its own code only with `trust_remote_code`), the `trigger` word in
+    front, each image opened as the trainer opens it (`open_image`), and write the sidecars. A
+    caption the captioner did not write (uploaded, typed or edited by hand) is kept unless
+    `replace`. Returns every image's caption. `ValueError` for an image sharing its caption file,
+    or a model's own code without `trust_remote_code`, `OfflineError` for a model out of reach."""
     from course_lib.flux.captioner import get_captioner
     paths = self.images()
     if not paths: raise ValueError("no images to caption: upload some first")
     self._refuse_shared_sidecars({p.name for p in paths})
     keep = set() if replace else set(self.hand_captions())
     todo = [p for p in paths if p.name not in keep]
-    cap = get_captioner(captioner)
+    cap = get_captioner(captioner, trust_remote_code=trust_remote_code)
     texts = getattr(cap, "caption", cap)([open_image(p, "RGB") for p in todo]) if todo else []
     new = {p.name: f"{trigger} {t}".strip() for p, t in zip(todo, texts)}
     self.set_captions(new)

@@ -12,6 +12,11 @@ from .widgets import _guard
 __all__ = []
 
 # %% ../../nbs/83g_studio_tab_data.ipynb #156bb3e3
+_TRUST_CODE_SAID = ("Some Hub models ship their own Python code (Florence-2's original "
+                    "microsoft/ repositories): ticked, that code runs on this computer. Tick it "
+                    "only for a repository you trust: florence-community/Florence-2-base needs no "
+                    "such code.")
+
 def _data_tab(st: Studio, gr) -> dict:
     with gr.Tab("Data"):
         gr.Markdown(_sizes_said(st), elem_id="data-sizes")
@@ -24,10 +29,13 @@ def _data_tab(st: Studio, gr) -> dict:
         with gr.Row():
             ui["captioner"] = gr.Dropdown(
                 ["course-digits", "Salesforce/blip-image-captioning-base",
-                 "microsoft/Florence-2-base"], value="course-digits", allow_custom_value=True,
-                label="captioner (name)")
+                 "florence-community/Florence-2-base"], value="course-digits",
+                allow_custom_value=True, label="captioner (name)")
             ui["trigger"] = gr.Textbox("sks", label="trigger word in front")
             ui["replace"] = gr.Checkbox(False, label="replace captions written by hand")
+            ui["trust_code"] = gr.Checkbox(
+                False, label="Allow the model's own code (trust_remote_code)", elem_id="trust-code",
+                info=_TRUST_CODE_SAID)
             ui["caption"] = gr.Button("caption with the model", elem_id="caption")
         ui["table"] = gr.Dataframe(headers=["image", "size", "bucket", "caption"],
                                    interactive=True, elem_id="captions",
@@ -38,7 +46,7 @@ def _data_tab(st: Studio, gr) -> dict:
         ui["msg"] = gr.Markdown(elem_id="data-status")
     return ui
 
-# %% ../../nbs/83g_studio_tab_data.ipynb #9e1c4b7d
+# %% ../../nbs/83g_studio_tab_data.ipynb #a9076947
 def _sizes_said(st: Studio) -> str:
     "What an upload becomes: each base's training size, said where images are added."
     sides = ", ".join(f"the {b.trainer} base {b.image_size}x{b.image_size}"
@@ -71,9 +79,9 @@ def _data_handlers(st: Studio, gr) -> dict:
         return "  \n".join(lines), t
 
     @_guard(1)
-    def caption(name, trig, replace):
+    def caption(name, trig, replace, trust=False):
         kept = 0 if replace else len(st.hand_captions())
-        st.caption_images(name, trig, replace=bool(replace))
+        st.caption_images(name, trig, replace=bool(replace), trust_remote_code=bool(trust))
         note = f", keeping {kept} written by hand (tick 'replace' to redo them)" if kept else ""
         return f"captioned {len(st.images())} image(s) with {name}{note}", _data_rows(st)[0]
 
@@ -102,7 +110,8 @@ def _data_handlers(st: Studio, gr) -> dict:
 def _data_events(st: Studio, gr, ui: dict) -> None:
     h, msg, table = _data_handlers(st, gr), ui["msg"], ui["table"]
     ui["files"].upload(h["upload"], ui["files"], [msg, table], api_name="upload_images")
-    ui["caption"].click(h["caption"], [ui["captioner"], ui["trigger"], ui["replace"]],
+    ui["caption"].click(h["caption"],
+                        [ui["captioner"], ui["trigger"], ui["replace"], ui["trust_code"]],
                         [msg, table], api_name="caption")
     ui["save"].click(h["save"], table, msg, api_name="save_captions")
     ui["clear"].click(h["clear"], None, [msg, table], api_name="clear_images")
