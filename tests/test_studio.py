@@ -4,7 +4,9 @@ On small untrained base models (`tiny_bases`: built offline in a second), a few 
 import json, os, signal, socket, subprocess, sys, textwrap, time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 import torch
 
 pytest.importorskip("gradio", reason='the studio needs pip install "course_lib[studio]"')
@@ -600,8 +602,10 @@ def _no_browser(why: str):
 
 
 def test_browser_end_to_end(tmp_path, digits):
-    """Upload 4 images, caption them, train a few steps, pause, resume, compare two runs, export both formats,
-    generate with two adapters: in Chromium, with a screenshot of each tab in test-artifacts/studio/."""
+    """Upload 4 images and a wide one, caption them, add the one-click example set, train a few steps, pause,
+    resume, train a second run on aspect-ratio buckets with a sample prompt previewed, compare the two runs,
+    export both formats, generate with two adapters at two weights: in Chromium, with a screenshot of each tab in
+    test-artifacts/studio/."""
     exe = _chromium()
     if exe is None: _no_browser("no Chromium found (apt-get install chromium, or set COURSE_LIB_CHROMIUM)")
     from playwright.sync_api import expect, sync_playwright
@@ -618,11 +622,18 @@ def test_browser_end_to_end(tmp_path, digits):
         expect(page.get_by_text("LoRA studio").first).to_be_visible(timeout=60_000)
         status = lambda el: expect(page.locator(f"#{el}"))
         # Data: upload, caption with the course's captioner
-        page.locator("#upload input[type=file]").set_input_files([str(p) for p in digits])
-        status("data-status").to_contain_text("added 4 image(s)", timeout=60_000)
+        wide = tmp_path/"wide.png"                                     # a 2:1 picture among squares
+        Image.fromarray(np.tile(np.linspace(0, 255, 40, dtype=np.uint8), (20, 1)), "L").save(wide)
+        page.locator("#upload input[type=file]").set_input_files([str(p) for p in digits] + [str(wide)])
+        status("data-status").to_contain_text("added 5 image(s)", timeout=60_000)
+        expect(page.locator("#captions")).to_contain_text("8x8 (with buckets: 10x6)")
         page.locator("#caption").click()
-        status("data-status").to_contain_text("captioned 4 image(s)", timeout=120_000)
+        status("data-status").to_contain_text("captioned 5 image(s)", timeout=120_000)
         expect(page.locator("#captions")).to_contain_text("sks")
+        page.locator("#examples-unet").click()                         # the one-click example concept
+        status("data-status").to_contain_text("example image(s) with their captions", timeout=60_000)
+        n_examples = len(demo.studio.images()) - 5
+        assert n_examples > 0
         page.screenshot(path=str(ARTIFACTS/"data.png"), full_page=True)
         # Train: a long run paused and resumed, then a short second run
         page.get_by_role("tab", name="Train").click()
@@ -640,8 +651,16 @@ def test_browser_end_to_end(tmp_path, digits):
         status("train-status").to_contain_text("paused", timeout=60_000)
         page.locator("#run-name input, #run-name textarea").first.fill("run-2")
         page.locator("#unet-steps input").fill("3")
+        page.locator("#unet-buckets input").check()                    # the wide image keeps its shape
+        page.locator("#every input").fill("3")
+        page.locator("#sample-prompts textarea").fill("a photo of sks digit --d 7 --s 4")
         page.locator("#start").click()
         status("train-status").to_contain_text("run-2 (unet): done, step 3/3", timeout=60_000)
+        run2 = tmp_path/"studio"/"runs"/"run-2"
+        assert (run2/"previews"/"step_000003.png").is_file()
+        said = json.loads((run2/"studio.json").read_text())
+        assert said["preview_prompts"] == ["a photo of sks digit --d 7 --s 4"]
+        assert json.loads((run2/"preset.json").read_text())["buckets"] is True
         # Runs: both side by side
         page.get_by_role("tab", name="Runs").click()
         page.locator("#refresh").click()

@@ -269,7 +269,8 @@ def _lora_setup(base, folder, cfg, run_dir: Path, resume: bool):
     """The data, labels, null class, prior set, adapted copy, optimizer, generator and recipe of a
     run, resumed when it can be."""
     dcfg = base.ddpm_config
-    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels, buckets=cfg.buckets)
+    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels, buckets=cfg.buckets,
+                        bucket_step=2 ** (len(dcfg.block_out_channels) - 1))   # what the UNet takes
     labels = torch.tensor([encode_prompt(c, cfg.trigger) for c in ds.captions])
     null = unet_recipe_checks(base, ds, cfg)
     prior = prior_set(base, cfg.prior_images, seed=cfg.seed + 1) if cfg.prior_images else None

@@ -138,11 +138,10 @@ def unet_recipe_checks(unet: nn.Module, dataset: ConceptDataset,
     return the class a dropped caption becomes (`cfg.caption_dropout` > 0: the base's last class,
     which must be none of its digits and not the trigger's), else None. `ValueError` naming what
     does not fit."""
-    bucketed = len(dataset.bucket_list) > 1
-    if bucketed != cfg.buckets:
-        raise ValueError(f"buckets={cfg.buckets}, but the data set was built with buckets="
-                         f"{bucketed}: use ConceptDataset(..., buckets={cfg.buckets})")
     dcfg = unet.ddpm_config
+    if dataset.bucketed != cfg.buckets:
+        raise ValueError(f"buckets={cfg.buckets}, but the data set was built with buckets="
+                         f"{dataset.bucketed}: use ConceptDataset(..., buckets={cfg.buckets})")
     check_bucket_sides(dataset.bucket_list, 2 ** (len(dcfg.block_out_channels) - 1), "this UNet")
     if not cfg.caption_dropout: return None
     null = (unet.config.num_class_embeds or 0) - 1

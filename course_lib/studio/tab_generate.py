@@ -49,10 +49,14 @@ def _generate_ui(gr) -> dict:
             ui["neg"] = gr.Textbox("", label="negative prompt (guidance > 1, unit 4: a digit or "
                                              "the trigger)")
         with gr.Row():
-            ui["n"] = gr.Number(8, precision=0, label="images", elem_id="gen-n")
-            ui["seed"] = gr.Number(0, precision=0, label="seed")
-            ui["guidance"] = gr.Number(1.0, label="guidance")
-            ui["steps"] = gr.Number(20, precision=0, label="steps")
+            ui["n"] = gr.Number(8, precision=0, label="images", elem_id="gen-n",
+                                info="how many images (1 or more)")
+            ui["seed"] = gr.Number(0, precision=0, label="seed",
+                                   info="the same seed, prompt and adapters give the same images")
+            ui["guidance"] = gr.Number(1.0, label="guidance", info="classifier-free guidance "
+                                       "scale: 1 none, above 1 towards the prompt")
+            ui["steps"] = gr.Number(20, precision=0, label="steps",
+                                    info="sampler steps: more is slower and usually cleaner")
             ui["width"] = gr.Number(0, precision=0, elem_id="gen-width", label="width (FLUX "
                                     "only: a multiple of twice its VAE's downsampling, 0: the "
                                     "base's)")
