@@ -76,8 +76,11 @@ def test_flux_kohya_file_loads_in_diffusers_to_the_same_images(base, flux, tmp_p
     assert any(x.startswith("lora_te1_") for x in keys)
     ends = [x.split(".", 1)[1] for x in keys]
     assert ends.count("alpha") == ends.count("lora_down.weight") == ends.count("lora_up.weight") == len(keys) / 3
-    assert (meta["ss_network_module"], meta["ss_network_dim"], meta["ss_network_alpha"],
-            meta["ss_base_model_version"]) == ("networks.lora_flux", "4", "8.0", "flux1")
+    # OneTrainer's names, not sd-scripts' (`lora_unet_double_blocks_*`): no sd-scripts `ss_*` claims
+    assert not any(x.startswith(("lora_unet_double_blocks_", "lora_unet_single_blocks_")) for x in keys)
+    assert [m for m in meta if m.startswith("ss_")] == []
+    assert (meta["course_lib.format"], meta["course_lib.network_dim"],
+            meta["course_lib.network_alpha"]) == ("kohya-style (OneTrainer names)", "4", "8.0")
     via_k, via_d = copy.deepcopy(base), copy.deepcopy(base)
     via_k.load_lora_weights(str(k))                 # diffusers' own conversion of kohya files
     via_d.load_lora_weights(str(d))
@@ -94,14 +97,37 @@ def test_flux_kohya_file_loads_in_diffusers_to_the_same_images(base, flux, tmp_p
         assert all(torch.equal(orig[part][n], back[part][n]) for n in orig[part])
 
 
+def test_sd_scripts_names_cannot_hold_flux_mini_single_blocks(flux):
+    """Why the FLUX files keep OneTrainer's names: the course's LoRA adapts the single blocks' to_q, to_k
+    and to_v, which sd-scripts names only inside the fused `lora_unet_single_blocks_{i}_linear1` (q, k, v
+    and the MLP's input), and diffusers' converter splits linear1 at FLUX.1's widths (3072 x 3 + 12288
+    rows, `_convert_kohya_flux_lora_to_diffusers`), which FLUX-mini's is not. If this fails, a diffusers
+    release converts other widths, and the export can write sd-scripts' names with their `ss_*`."""
+    from peft.tuners.lora import LoraLayer
+    from diffusers.loaders.lora_conversion_utils import _convert_kohya_flux_lora_to_diffusers
+    tr = flux.transformer
+    adapted = [n for n, m in tr.named_modules() if isinstance(m, LoraLayer)]
+    assert {n.rsplit(".", 1)[1] for n in adapted if n.startswith("single_transformer_blocks.")} == {
+        "to_q", "to_k", "to_v"}
+    block, r = tr.single_transformer_blocks[0], 4
+    w, mlp = block.attn.to_q.in_features, block.proj_mlp.out_features
+    up = torch.zeros(3 * w + mlp, 3 * r)                 # sd-scripts' fused layout: block-diagonal
+    for j in range(3): up[j * w:(j + 1) * w, j * r:(j + 1) * r] = torch.randn(w, r)
+    name = "lora_unet_single_blocks_0_linear1"
+    sd = {f"{name}.lora_down.weight": torch.randn(3 * r, w), f"{name}.lora_up.weight": up,
+          f"{name}.alpha": torch.tensor(3.0 * 8)}
+    with pytest.raises(AssertionError):                  # assert sum(dims) == up_weight.shape[0]
+        _convert_kohya_flux_lora_to_diffusers(sd)
+
+
 def test_unet_adapter_round_trips_through_kohya_exactly(unet, tmp_path):
     from peft.utils import get_peft_model_state_dict
     path = save_kohya_lora(unet, tmp_path/"u.safetensors", "concept")
     keys, meta = keys_and_meta(path)
     assert all(x.startswith("lora_unet_") for x in keys)
     assert "lora_unet_mid_block_attentions_0_to_out_0.alpha" in keys
-    assert (meta["ss_network_module"], meta["ss_network_dim"], meta["ss_network_alpha"]) == (
-        "networks.lora", "2", "4.0")
+    assert (meta["ss_network_module"], meta["ss_network_dim"], meta["ss_network_alpha"],
+            meta["course_lib.format"]) == ("networks.lora", "2", "4.0", "kohya")
     want = get_peft_model_state_dict(unet, adapter_name="concept")
     state, info = read_kohya_lora(path)                  # names back from the file's own map
     assert state.keys() == {f"unet.{k}" for k in want}

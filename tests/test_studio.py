@@ -302,7 +302,7 @@ def test_compare_export_generate(st):
     with safe_open(str(kohya), "pt") as f:
         keys, meta = list(f.keys()), f.metadata()
     assert any(k.startswith("lora_transformer_") and k.endswith(".alpha") for k in keys)
-    assert meta["ss_network_dim"] == "1"
+    assert meta["course_lib.network_dim"] == "1" and "ss_network_module" not in meta   # OneTrainer's names
     with pytest.raises(ValueError, match="dtype"):
         st.export("f1", "kohya", "fp8")
     # two adapters on one loaded pipeline, switched by weight: the base is never reloaded
@@ -678,7 +678,7 @@ def test_browser_end_to_end(tmp_path, digits):
         page.locator("#export-run input").press("Enter")
         page.locator("#export").click()
         status("export-status").to_contain_text("wrote run-1-diffusers-fp32.safetensors", timeout=60_000)
-        page.locator("#fmt").get_by_text("kohya").click()
+        page.locator("#fmt").get_by_text("kohya-style (FLUX: OneTrainer names)").click()   # the honest name
         page.locator("#export").click()
         status("export-status").to_contain_text("wrote run-1-kohya-fp32.safetensors", timeout=60_000)
         page.screenshot(path=str(ARTIFACTS/"export.png"), full_page=True)
