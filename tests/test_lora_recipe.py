@@ -282,3 +282,20 @@ def test_flux_buckets_one_bucket_a_batch(flux, mixed):
     try: train_flux_lora(pipe, mixed, cfg, progress=False)
     finally: lora_train._loss = real
     assert len(set(shapes)) >= 2                                    # batches of several buckets, each stacked
+
+
+# --- course lora train: the same knobs as flags ---------------------------------------------------------------
+def test_course_lora_train_takes_the_recipe_flags(mixed, tmp_path, capsys):
+    from course_lib.cli.lora import lora_main
+    from course_lib.lora import read_adapter
+    out = tmp_path / "a.safetensors"
+    assert lora_main(["train", str(mixed), str(out), "--lr-warmup-steps", "3"]) == 2
+    assert "lr_warmup_steps=3 has no effect with lr_scheduler='constant'" in capsys.readouterr().err
+    rc = lora_main(["train", str(mixed), str(out), "--prior-images", "0", "--batch-size", "3", "--buckets",
+                    "--epochs", "1", "--repeats", "2", "--lr-scheduler", "cosine", "--lr-warmup-steps", "1",
+                    "--log", str(tmp_path / "log")])
+    assert rc == 0, capsys.readouterr().err
+    rows = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert len(rows) == 6                                    # 3 buckets of 3 images x 2 repeats, batches of 3
+    training = read_adapter(out)[1]["training_config"]
+    assert training["buckets"] is True and training["epochs"] == 1 and training["steps"] == 6

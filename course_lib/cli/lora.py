@@ -34,6 +34,16 @@ def _lora_parser():
                                 ("--prior-images", int, 256), ("--trigger", str, TRIGGER),
                                 ("--base-steps", int, 1000)]:
         t.add_argument(flag, type=kind, default=default)
+    for flag, kind, default, help_ in [       # the recipe (notebook 42a): LoRATrainConfig's
+            ("--lr-scheduler", str, "constant", "constant, constant_with_warmup, cosine or linear"),
+            ("--lr-warmup-steps", int, 0, "steps of linear warm-up"),
+            ("--grad-accum", int, 1, "micro-batches a step (the update of a larger batch)"),
+            ("--ema-decay", float, 0.0, "EMA of the adapter, delivered (0: off)"),
+            ("--caption-dropout", float, 0.0, "share of captions dropped (needs a null class)"),
+            ("--repeats", int, 1, "times each image counts in an epoch"),
+            ("--epochs", int, 0, "passes over the images x repeats (0: --steps instead)")]:
+        t.add_argument(flag, type=kind, default=default, help=help_)
+    t.add_argument("--buckets", action="store_true", help="aspect-ratio buckets (keep shapes)")
     t.add_argument("--log", type=Path, default=None, help="path stem for the CSV/JSONL metrics")
     i = sub.add_parser("info", help="print an adapter's metadata")
     i.add_argument("adapter", type=Path)
@@ -56,14 +66,18 @@ def _lora_train(a, err) -> int:
                    "and their caption .txt files")
     cfg = LoRATrainConfig(rank=a.rank, alpha=a.alpha or float(a.rank), lr=a.lr, steps=a.steps,
                           batch_size=a.batch_size, prior_images=a.prior_images, trigger=a.trigger,
-                          preview_every=0)                          # settings: checked here
+                          preview_every=0, lr_scheduler=a.lr_scheduler,
+                          lr_warmup_steps=a.lr_warmup_steps, grad_accum=a.grad_accum,
+                          ema_decay=a.ema_decay, caption_dropout=a.caption_dropout,
+                          repeats=a.repeats, epochs=a.epochs, buckets=a.buckets)   # checked here
     bcfg = base_config(a.base_steps)
     check_lora_folder(a.folder, a.trigger, size=bcfg.image_size)    # images, captions, trigger
     base = load_base(bcfg)                                          # only then the base model
-    ds = ConceptDataset(a.folder, size=base.ddpm_config.image_size, trigger=None)
+    ds = ConceptDataset(a.folder, size=base.ddpm_config.image_size, trigger=None, buckets=a.buckets,
+                        bucket_step=2 ** (len(bcfg.block_out_channels) - 1))
     model = copy.deepcopy(base)
     res = train_lora(model, ds, cfg, log=a.log, progress=True)
-    save_adapter(model, a.out, cfg.adapter_name, base.ddpm_config.key(), a.trigger, cfg.to_dict(),
+    save_adapter(model, a.out, cfg.adapter_name, base.ddpm_config.key(), a.trigger, res.config,
                  ds.summary())
     print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.1f} KB) after {len(res.history)} steps, "
           f"final loss {res.history[-1]['loss']:.4f}")

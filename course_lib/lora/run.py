@@ -78,10 +78,11 @@ def train_adapter(base: nn.Module, folder: str | os.PathLike, out: str | os.Path
     metadata. Returns the path."""
     cfg = config or LoRATrainConfig()
     dcfg = base.ddpm_config
-    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels)
+    ds = ConceptDataset(folder, size=dcfg.image_size, channels=dcfg.channels, buckets=cfg.buckets,
+                        bucket_step=2 ** (len(dcfg.block_out_channels) - 1))
     model = copy.deepcopy(base)
     res = train_lora(model, ds, cfg, progress=progress)
-    training = {**cfg.to_dict(), "seconds": round(res.seconds, 1)}
+    training = {**res.config, "seconds": round(res.seconds, 1)}
     return save_adapter(model, out, cfg.adapter_name, base_model=base_model or dcfg.key(),
                         trigger=trigger, training_config=training, dataset=ds.summary())
 
