@@ -57,8 +57,7 @@ class ConceptDataset(Dataset):
       kohya's `keep_tokens`, which keeps the first N tokens in place when captions are shuffled).
     - `min_size`: images whose short side is smaller are skipped (default `size`), or kept
       (upscaled) with `upscale_small=True`.
-    - `buckets`: False: resize + centre-crop to `size` x `size`, True: aspect-ratio buckets with
-      sides multiples of `bucket_step` (what the model can take, `aspect_buckets`).
+    - `buckets`: False: centre-crop to `size` x `size`, True: aspect-ratio buckets (`bucket_step`).
     - `augment`: an `Augment` (or any `(x, generator) -> x`), `repeats`: each image counts this
       many times per epoch (kohya's `num_repeats`).
 
@@ -70,8 +69,7 @@ class ConceptDataset(Dataset):
                  captioner: Callable[[Path], str] | None = filename_captioner,
                  trigger: str | None = None, min_size: int | None = None,
                  upscale_small: bool = False, buckets: bool = False,
-                 augment: Callable | None = None, repeats: int = 1, seed: int = 0,
-                 bucket_step: int = 4):
+                 augment: Callable | None = None, repeats: int = 1, seed: int = 0, bucket_step=4):
         check_dataset_args(size, channels, caption_ext, repeats)
         self.folder, self.size, self.channels = Path(folder), size, channels
         self.min_size = 1 if upscale_small else (size if min_size is None else min_size)
@@ -81,9 +79,8 @@ class ConceptDataset(Dataset):
         if trigger:
             self.captions = [c if re.search(rf"\b{re.escape(trigger)}\b", c) else f"{trigger}, {c}"
                              for c in self.captions]
-        self.trigger, self.caption_ext = trigger, caption_ext
-        self.augment, self.repeats = augment, repeats
-        self.mode = "L" if channels == 1 else "RGB"
+        self.trigger, self.caption_ext, self.augment = trigger, caption_ext, augment
+        self.repeats, self.mode = repeats, "L" if channels == 1 else "RGB"
         self.sizes = [open_image(f).size for f in self.files]       # (width, height), EXIF applied
         self.bucketed = bool(buckets)
         self.bucket_list = aspect_buckets(size, bucket_step) if buckets else [(size, size)]

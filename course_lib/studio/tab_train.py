@@ -60,9 +60,10 @@ SETTING_HELP.update({    # the recipe (notebook 42a) and FLUX's time shift
                   "(e.g. 0.99; 0: off)"),
     "caption_dropout": ("caption dropout", "share of training captions replaced by the empty "
                         "prompt (unit 4's UNet needs a base with a null class)"),
-    "repeats": ("repeats of each image", "times each image counts in an epoch (kohya's num_repeats)"),
-    "epochs": ("passes over the data (epochs)", "train this many passes over the images x repeats (0: use training "
-               "steps instead)"),
+    "repeats": ("repeats of each image",
+                "times each image counts in an epoch (kohya's num_repeats)"),
+    "epochs": ("passes over the data (epochs)",
+               "train this many passes over the images x repeats (0: use training steps instead)"),
     "buckets": ("aspect-ratio buckets", "keep each image's shape: batches of one bucket, "
                 "sides multiples of what the model needs"),
     "time_shift": ("time shift", "SD3's shift of the training times towards noise (1: none, "
