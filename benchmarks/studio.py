@@ -140,7 +140,7 @@ def run_studio(trainer: str, steps: int, work: Path, values: list) -> float:
     p, port = serve(work)
     try:
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        msg = c.predict(trainer, "bench", 0, *values, api_name="/start")
+        msg = c.predict(trainer, "bench", 0, "", *values, api_name="/start")   # no sample prompts
         if not msg.startswith("started"): raise RuntimeError(msg)
         poll, page = requests.Session(), uuid.uuid4().hex[:10]   # the page's timer (queue=False), its session
         while not any(w in (s := _status(poll, port, page)) for w in (": done", "error")): time.sleep(STATUS_EVERY_S)
