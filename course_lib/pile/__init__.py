@@ -22,7 +22,10 @@ __all__ = ['check_window_stride', 'check_prefix_token', 'check_model_window', 'c
            'RemovalWriter', 'SubsetFilter', 'GopherRulesFilter', 'eval_texts', 'DecontaminationFilter',
            'TextHashSignature', 'ExactDedupFind', 'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer',
            'FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'Stage', 'clean_pipeline', 'run_pipeline',
-           'clean_settings', 'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean']
+           'clean_settings', 'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean',
+           'detect_language', 'LanguageIdFilter', 'EMAIL', 'IPV4', 'PHONE', 'PII_TOKENS', 'mask_emails', 'mask_ips',
+           'mask_phone_numbers', 'mask_pii', 'PIIMasker', 'C4_END', 'C4_POLICY', 'CITATION', 'SENTENCE_END', 'c4_clean',
+           'C4LineFilter', 'word_spans', 'gpt3_decontaminate', 'GPT3Decontamination']
 
 # %% ../../nbs/69z_pile_api.ipynb #561ecfc4
 from .checks import (
@@ -108,7 +111,7 @@ _all_ = ['GOPHER_RULES', 'GOPHER_STOP_WORDS', 'BULLETS', 'gopher_stats', 'gopher
 # %% ../../nbs/69z_pile_api.ipynb #ff2e55f0
 import importlib
 
-# datatrove's steps and the cleaning pipeline need the `pile` extra (datatrove, datasketch):
+# datatrove's steps, the cleaning pipeline and the filters need the `pile` extra (datatrove, ...):
 # their names are loaded on first use (PEP 562), so the rest of unit 6 imports without it
 _LAZY = {
     "MINHASH_CONFIG": "steps", "doc_from_record": "steps", "pile_record": "steps",
@@ -130,8 +133,19 @@ _all_ = ['MINHASH_CONFIG', 'doc_from_record', 'pile_record', 'subset_of', 'is_pi
          'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean']
 
 
+# %% ../../nbs/69z_pile_api.ipynb #5e7f0a13
+_LAZY.update({k: "filters" for k in (          # notebook 69e: language ID, PII, C4, GPT-3
+    "detect_language", "LanguageIdFilter", "EMAIL", "IPV4", "PHONE", "PII_TOKENS", "mask_emails",
+    "mask_ips", "mask_phone_numbers", "mask_pii", "PIIMasker", "C4_END", "C4_POLICY", "CITATION",
+    "SENTENCE_END", "c4_clean", "C4LineFilter", "word_spans", "gpt3_decontaminate",
+    "GPT3Decontamination")})
+_all_ = ['detect_language', 'LanguageIdFilter', 'EMAIL', 'IPV4', 'PHONE', 'PII_TOKENS',
+         'mask_emails', 'mask_ips', 'mask_phone_numbers', 'mask_pii', 'PIIMasker', 'C4_END',
+         'C4_POLICY', 'CITATION', 'SENTENCE_END', 'c4_clean', 'C4LineFilter', 'word_spans',
+         'gpt3_decontaminate', 'GPT3Decontamination']
+
 def __getattr__(name: str):
-    """The first use of a name of `pile.steps` or `pile.pipeline` imports that module. Raises
+    """The first use of a name of `pile.steps`, `pile.pipeline` or `pile.filters` imports it. Raises
     `ModuleNotFoundError` naming the `pile` extra when datatrove or datasketch is missing, and
     `AttributeError` for any other name."""
     if name not in _LAZY:
