@@ -165,3 +165,32 @@ def test_gpt3_step_yields_pieces_with_their_metadata():
     assert [d.id for d in out] == ["a/0", "a/1", "b"]
     assert out[0].metadata == {"meta": {"pile_set_name": "X"}} and out[2].metadata == {"meta": "kept as read"}
     assert step.stats["dropped"].total == 1 and step.stats["pieces"].total == 2
+
+
+# --- in `course pile clean` -----------------------------------------------------------------------------------
+ENGLISH = ("The farmers plant rice after the river floods in spring. They sell part of the crop in the town. "
+           "Prices rose last year, and the families were glad. The harvest comes in autumn. The fields rest "
+           "in winter.")
+
+
+def test_run_clean_with_language_c4_and_pii(tmp_path):
+    from course_lib.pile import run_clean, write_jsonl_zst
+    recs = [{"text": ENGLISH + "\nWrite to jane.doe@example.org for details, they said.\nMenu | Home",
+             "meta": {"pile_set_name": "Pile-CC", "i": 0}},
+            {"text": "Die Bauern pflanzen Reis, nachdem der Fluss im Frühling über die Ufer tritt. " * 3,
+             "meta": {"pile_set_name": "Pile-CC", "i": 1}},
+            {"text": "Too short to keep.", "meta": {"pile_set_name": "Pile-CC", "i": 2}},
+            {"text": ENGLISH.replace("spring", "summer") + "\nCall (555) 010-0199 before noon, please.",
+             "meta": {"pile_set_name": "Pile-CC", "note": "kept as read"}}]
+    (tmp_path / "in").mkdir()
+    write_jsonl_zst(tmp_path / "in" / "00.jsonl.zst", recs)
+    rep = run_clean(tmp_path / "in", tmp_path / "out", dedup=None, filters=("language", "c4", "pii"))
+    assert {k: v["documents"] for k, v in rep.removed.items()} == {"language": 1, "c4": 1}
+    out = [r for f in sorted((tmp_path / "out").glob("*.jsonl.zst")) for r in read_jsonl_zst(f)]
+    want = [mask_pii(c4_clean(r["text"])[0])[0] for r in (recs[0], recs[3])]
+    assert [r["text"] for r in out] == want and "|||EMAIL_ADDRESS|||" in want[0]
+    assert "Menu | Home" not in want[0] and "|||PHONE_NUMBER|||" in want[1]
+    for r, src in zip(out, (recs[0], recs[3])):     # meta as read, plus the language ID (as FineWeb's)
+        assert r["meta"].pop("language") == "en" and r["meta"].pop("language_score") >= 0.65
+        assert r["meta"] == src["meta"]
+    assert rep.balanced and rep.edited["c4"]["documents"] == 1 and rep.edited["pii"]["documents"] == 2

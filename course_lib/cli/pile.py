@@ -76,8 +76,10 @@ def _clean_parser(sub) -> None:
     c.add_argument("--dedup", choices=("exact", "minhash", "none"), default="exact",
                    help="exact: normalised-text hash, minhash: datatrove's MinHash LSH stages "
                         "(default exact)")
-    c.add_argument("--filters", nargs="+", choices=("gopher", "none"), default=["gopher"],
-                   help="quality filters: gopher (Gopher's rules, the default) or none")
+    c.add_argument("--filters", nargs="+", choices=("gopher", "language", "c4", "pii", "none"),
+                   default=["gopher"], help="quality filters: gopher (Gopher's rules, the "
+                   "default), language (English only, fastText lid.176), c4 (C4's line rules), "
+                   "pii (mask e-mail, IP and phone numbers), or none")
     c.add_argument("--drop-subsets", nargs="+", default=[], metavar="NAME",
                    help="drop the documents of these pile_set_names (quote names with spaces)")
     c.add_argument("--decontaminate", metavar="SPLIT_OR_PATH",

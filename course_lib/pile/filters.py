@@ -5,6 +5,7 @@
 # %% ../../nbs/69e_pile_filters.ipynb #a6a3a450
 from __future__ import annotations
 import ipaddress, re
+from pathlib import Path
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,11 +16,12 @@ from datatrove.pipeline.formatters.base import BaseFormatter
 
 from .clean import _ngram_hashes, _word_hashes, normalize_text
 from .quality import Decontaminator
+from .steps import _nbytes, _write_json, subset_of
 
 # %% auto #0
 __all__ = ['EMAIL', 'IPV4', 'PHONE', 'PII_TOKENS', 'C4_END', 'C4_POLICY', 'CITATION', 'SENTENCE_END', 'detect_language',
-           'LanguageIdFilter', 'mask_emails', 'mask_ips', 'mask_phone_numbers', 'mask_pii', 'PIIMasker', 'c4_clean',
-           'C4LineFilter', 'word_spans', 'gpt3_decontaminate', 'GPT3Decontamination']
+           'LanguageIdFilter', 'mask_emails', 'mask_ips', 'mask_phone_numbers', 'EditCounts', 'mask_pii', 'PIIMasker',
+           'c4_clean', 'C4LineFilter', 'word_spans', 'gpt3_decontaminate', 'GPT3Decontamination']
 
 # %% ../../nbs/69e_pile_filters.ipynb #128b2f33
 def detect_language(text: str) -> tuple[str, float]:
@@ -88,6 +90,26 @@ def mask_phone_numbers(text: str) -> tuple[str, int]:
     "`text` with each North American phone number replaced by `PII_TOKENS['phone']`, and how many."
     return _mask(PHONE, PII_TOKENS["phone"], text)
 
+# %% ../../nbs/69e_pile_filters.ipynb #7c2a9e01
+class EditCounts:
+    """For a step that edits texts: per `pile_set_name`, the documents it changed and the bytes it
+    took out (negative: added), written to `counts_folder/{rank:05d}.json` when a task ends, so
+    that `course pile clean`'s accounting still adds up (`clean_report`)."""
+    counts_folder = None
+
+    def count_edit(self, doc: Document, before: int) -> None:
+        "Count `doc`, whose text had `before` UTF-8 bytes, if the step changed it."
+        if _nbytes(doc.text) == before: return
+        e = self.__dict__.setdefault("_edits", {"documents": {}, "bytes": {}})
+        s = subset_of(doc)
+        e["documents"][s] = e["documents"].get(s, 0) + 1
+        e["bytes"][s] = e["bytes"].get(s, 0) + before - _nbytes(doc.text)
+
+    def save_edits(self, rank: int) -> None:
+        if self.counts_folder:
+            _write_json(Path(self.counts_folder)/f"{rank:05d}.json",
+                        self.__dict__.get("_edits", {"documents": {}, "bytes": {}}))
+
 # %% ../../nbs/69e_pile_filters.ipynb #5d9dc9f8
 def mask_pii(text: str) -> tuple[str, dict[str, int]]:
     """`text` with e-mail addresses, then IP addresses, then phone numbers masked, and the count of
@@ -97,15 +119,28 @@ def mask_pii(text: str) -> tuple[str, dict[str, int]]:
         text, counts[kind] = f(text)
     return text, counts
 
-class PIIMasker(BaseFormatter):
-    "`mask_pii` as a datatrove step: masks every document's text, counting each kind in its stats."
+class PIIMasker(BaseFormatter, EditCounts):
+    """`mask_pii` as a datatrove step: masks every document's text, counting each kind in its stats
+    and the edits in `counts_folder` (`EditCounts`)."""
     name = "🕵 PII masking"
+
+    def __init__(self, counts_folder=None):
+        super().__init__()
+        self.counts_folder = counts_folder
 
     def format(self, text: str) -> str:
         text, counts = mask_pii(text)
         for kind, n in counts.items():
             if n: self.stat_update(f"masked_{kind}", value=n)
         return text
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        for doc in data:
+            before = _nbytes(doc.text)
+            with self.track_time(): doc.text = self.format(doc.text)
+            self.count_edit(doc, before)
+            yield doc
+        self.save_edits(rank)
 
 # %% ../../nbs/69e_pile_filters.ipynb #e8e25d94
 C4_END, C4_POLICY = (".", "?", "!", '"', "'"), (
@@ -138,20 +173,27 @@ def c4_clean(text: str, min_words: int = 3, min_sentences: int = 5,
     return "\n".join(kept).strip(), ""
 
 # %% ../../nbs/69e_pile_filters.ipynb #81e74ef5
-class C4LineFilter(BaseFilter):
-    "`c4_clean` as a datatrove step: the document keeps its surviving lines, or is dropped."
+class C4LineFilter(BaseFilter, EditCounts):
+    """`c4_clean` as a datatrove step: the document keeps its surviving lines, or is dropped, the
+    edits are counted in `counts_folder` (`EditCounts`)."""
     name = "⛰ C4 lines"
 
-    def __init__(self, min_words: int = 3, min_sentences: int = 5, exclusion_writer=None):
+    def __init__(self, min_words: int = 3, min_sentences: int = 5, exclusion_writer=None,
+                 counts_folder=None):
         super().__init__(exclusion_writer)
         self.min_words, self.min_sentences = min_words, min_sentences
+        self.counts_folder = counts_folder
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         text, why = c4_clean(doc.text, self.min_words, self.min_sentences)
         if text is None: return False, why
-        self.stat_update("removed_chars", value=len(doc.text) - len(text))
-        doc.text = text
+        before, doc.text = _nbytes(doc.text), text
+        self.count_edit(doc, before)
         return True
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        yield from super().run(data, rank, world_size)
+        self.save_edits(rank)
 
 # %% ../../nbs/69e_pile_filters.ipynb #1600a35a
 def word_spans(text: str) -> tuple[list[tuple[int, int]], list[str]]:

@@ -18,6 +18,7 @@ from ..core.basics import forking_beside_threads, start_method
 from .format import MINI_PILE_SUBSETS, PILE_SUBSETS
 from .clean import RemovalLog
 from .corpus import SHARD_SUFFIXES, check_zstd_dict
+from .filters import C4LineFilter, LanguageIdFilter, PIIMasker
 from .steps import (
     MINHASH_CONFIG, DecontaminationFilter, ExactDedupFilter, ExactDedupFind, GopherRulesFilter,
     PileReader, PileWriter, RemovalWriter, SubsetFilter, TextHashSignature, WhitespaceWordTokenizer,
@@ -35,9 +36,10 @@ class Stage:
     steps: list
     tasks: int | None = None
 
-FILTERS = ("gopher",)
+FILTERS = ("gopher", "language", "c4", "pii")   # notebook 69e: English only, C4 lines, PII masked
 DEDUPS = ("exact", "minhash")
-STEPS = ("subset", "gopher", "decontaminate", "exact-dedup", "minhash-dedup")   # pipeline order
+STEPS = ("subset", "language", "gopher", "c4", "decontaminate", "exact-dedup",
+         "minhash-dedup")                                # pipeline order (PII masking removes none)
 
 def _reader(input, errors, work: Path, zstd_dict=None) -> PileReader:
     p, kw = Path(input), dict(errors=errors, counts_folder=work/"counts/in", dict_data=zstd_dict)
@@ -71,7 +73,8 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
                    drop_subsets: Iterable[str] = (), decontaminate=None, errors: str = "strict",
                    work_dir=None, zstd_dict=None) -> list[Stage]:
     """The stages of `course pile clean`: read the Pile shards of `input` (a file or a folder), drop
-    `drop_subsets`, apply `filters` ('gopher'), drop what shares 13-grams with `decontaminate`
+    `drop_subsets`, apply `filters` ('language': English only, 'gopher', 'c4': C4's line rules,
+    'pii': e-mail, IP and phone numbers masked), drop what shares 13-grams with `decontaminate`
     (Pile-format files or folders), deduplicate (`dedup`: 'exact', 'minhash', which removes exact
     duplicates first, or None) and write
     `output/{rank:05d}.jsonl.zst`. Counts and removal logs go to `work_dir` (`output/.clean`).
@@ -81,7 +84,12 @@ def clean_pipeline(input, output, dedup: str | None = "exact", filters: Iterable
     removed = lambda step: RemovalWriter(work/"removed"/step, step)
     steps = [_reader(input, errors, work, zstd_dict)]
     if drop_subsets: steps.append(SubsetFilter(drop_subsets, removed("subset")))
+    if "language" in filters: steps.append(LanguageIdFilter(("en",), 0.65, removed("language")))
     if "gopher" in filters: steps.append(GopherRulesFilter(removed("gopher")))
+    edits = lambda step: work/"counts"/"edited"/step        # what the steps that edit take out
+    if "c4" in filters: steps.append(C4LineFilter(exclusion_writer=removed("c4"),
+                                                  counts_folder=edits("c4")))
+    if "pii" in filters: steps.append(PIIMasker(counts_folder=edits("pii")))
     if decontaminate is not None:
         steps.append(DecontaminationFilter(decontaminate, dict_data=zstd_dict,
                                            exclusion_writer=removed("decontaminate")))
@@ -268,16 +276,19 @@ class CleanReport:
     removed: dict = field(default_factory=dict)   # step -> {"documents", "bytes"}
     subsets: dict = field(default_factory=dict)   # name -> {"in", "kept", step...: [docs, bytes]}
     reasons: dict = field(default_factory=dict)   # step -> {reason: documents}
+    edited: dict = field(default_factory=dict)    # step -> {"documents" changed, "bytes" taken out}
     files: list = field(default_factory=list)     # the output shards
 
     @property
     def balanced(self) -> bool:
-        "Every document and byte read is kept or in a removal log, in total and per subset."
+        """Every document and byte read is kept, in a removal log or taken out by a step that edits
+        texts (C4's lines, PII masking), in total and per subset."""
         rm = [sum(v[k] for v in self.removed.values()) for k in ("documents", "bytes")]
-        kept = [self.documents_kept + rm[0], self.bytes_kept + rm[1]]
+        kept = [self.documents_kept + rm[0], self.bytes_kept + rm[1] +
+                sum(v["bytes"] for v in self.edited.values())]
         ok = [self.documents_in, self.bytes_in] == kept
         for c in self.subsets.values():
-            out = [sum(v[i] for k, v in c.items() if k != "in") for i in (0, 1)]
+            out = [sum(v[i] for k, v in c.items() if k != "in") for i in (0, 1)]   # edits: [0, b]
             ok = ok and c["in"] == out
         return ok
 
@@ -315,6 +326,13 @@ def clean_report(output, work_dir=None) -> CleanReport:
         _add(rep.removed, step, 1, r["bytes"])
         why = rep.reasons.setdefault(step, {})
         why[r["reason"]] = why.get(r["reason"], 0) + 1
+    for f in sorted((work/"counts"/"edited").glob("*/*.json")):
+        t, step = json.loads(f.read_text()), f.parent.name
+        for s, b in t["bytes"].items():
+            sub = rep.subsets.setdefault(s, {"in": [0, 0], "kept": [0, 0]})
+            _add(sub, f"{step} (edited)", 0, b)
+            d = rep.edited.setdefault(step, {"documents": 0, "bytes": 0})
+            d["documents"], d["bytes"] = d["documents"] + t["documents"][s], d["bytes"] + b
     order = lambda step: STEPS.index(step) if step in STEPS else len(STEPS)
     rep.removed = {k: {"documents": rep.removed[k][0], "bytes": rep.removed[k][1]}
                    for k in sorted(rep.removed, key=order)}
