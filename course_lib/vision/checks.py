@@ -135,7 +135,7 @@ def _real(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 def check_finetune_config(cfg) -> None:
-    """Check the training-recipe fields of a `FinetuneConfig` (lesson 51; notebook 51a): `ema_decay`
+    """Check the training-recipe fields of a `FinetuneConfig` (lesson 51, notebook 51a): `ema_decay`
     in [0, 1), `mixup_alpha` and `cutmix_alpha` finite and >= 0, either of them > 0 only with an
     even `batch_size` (timm's `Mixup` pairs each image with the batch reversed), `label_smoothing`
     in [0, 1), `warmup_epochs` an int >= 0, `amp` a bool. Raises `ValueError` naming the field and
@@ -146,7 +146,8 @@ def check_finetune_config(cfg) -> None:
              ("label_smoothing", _real(cfg.label_smoothing) and 0 <= cfg.label_smoothing < 1,
               "in [0, 1) (0: off)"),
              ("warmup_epochs", isinstance(cfg.warmup_epochs, int) and not isinstance(
-                 cfg.warmup_epochs, bool) and cfg.warmup_epochs >= 0, "an int >= 0 (0: off)"),
+                 cfg.warmup_epochs, bool) and cfg.warmup_epochs >= 0,
+              "an int >= 0 (0: warmup_steps decides)"),
              ("amp", isinstance(cfg.amp, bool), "True or False")]
     for name, ok, rule in rules:
         if not ok: raise ValueError(f"{name} must be {rule}, got {getattr(cfg, name)!r}")

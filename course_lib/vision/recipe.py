@@ -18,9 +18,9 @@ __all__ = ['recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRec
 def recipe_loss(cfg) -> nn.Module:
     """The training loss of `cfg` (a `FinetuneConfig`), as timm's `train.py` picks it: with
     `mixup_alpha` or `cutmix_alpha` > 0, `timm.loss.SoftTargetCrossEntropy` on soft targets `(B, K)`
-    float32 (the smoothing is in the targets); else with `label_smoothing` eps > 0,
+    float32 (the smoothing is in the targets), else with `label_smoothing` eps > 0,
     `timm.loss.LabelSmoothingCrossEntropy` (`(1 - eps) CE + eps mean_k(-log p_k)`) on labels `(B,)`
-    int64; else `nn.CrossEntropyLoss()`. Each takes logits `(B, K)` and returns the batch mean, nats."""
+    int64, else `nn.CrossEntropyLoss()`. Each maps logits `(B, K)` to the batch mean (nats)."""
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
     if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0: return SoftTargetCrossEntropy()
     if cfg.label_smoothing > 0: return LabelSmoothingCrossEntropy(cfg.label_smoothing)
@@ -29,9 +29,9 @@ def recipe_loss(cfg) -> nn.Module:
 # %% ../../nbs/51a_finetune_recipe.ipynb #e128beb1
 def make_mixup(cfg, num_classes: int):
     """timm's `Mixup` for `cfg` (a `FinetuneConfig`), or None when `mixup_alpha` and `cutmix_alpha`
-    are both 0. Called on images `x` `(B, C, H, W)` (B even; mixed in place) and labels `y` `(B,)`
+    are both 0. Called on images `x` `(B, C, H, W)` (B even, mixed in place) and labels `y` `(B,)`
     int64, it returns `x` mixed with `x.flip(0)` (mixup: `lam x + (1 - lam) x.flip(0)`, lam ~
-    Beta(alpha, alpha); cutmix: a box of area share `1 - lam` pasted in) and the soft targets `(B,
+    Beta(alpha, alpha), or cutmix: a box of area share `1 - lam` pasted in) and soft targets `(B,
     num_classes)` float32 mixed the same way and smoothed by `label_smoothing`. timm's defaults: one
     lam a batch, cutmix half the time when both are on. Draws from NumPy's global generator."""
     from timm.data import Mixup
@@ -43,7 +43,7 @@ def make_mixup(cfg, num_classes: int):
 def warmup_updates(cfg, n_train: int) -> int:
     """The warm-up of `cfg` (a `FinetuneConfig`) in optimiser updates, timm's `warmup_t`:
     `warmup_epochs` passes over `n_train` images (`max(1, n_train // batch_size)` updates each)
-    when `warmup_epochs > 0`, else `warmup_steps`; at most `steps - 1`, so the cosine part has a
+    when `warmup_epochs > 0`, else `warmup_steps`, at most `steps - 1`, so the cosine part has a
     step."""
     per_epoch = max(1, n_train // cfg.batch_size)
     w = cfg.warmup_epochs * per_epoch if cfg.warmup_epochs > 0 else cfg.warmup_steps
@@ -82,7 +82,7 @@ class TrainRecipe:
         return torch.autocast(device_type, dtype=self.amp_dtype)
 
     def backward_step(self, loss: torch.Tensor, opt, model: nn.Module, step: int):
-        "Backward, `opt.step()` (through the scaler if any), then the EMA's update `step` (1-based)."
+        "Backward, `opt.step()` (through the scaler if any), the EMA's update `step` (1-based)."
         if self.scaler is None:
             loss.backward()
             opt.step()

@@ -211,7 +211,7 @@ def train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Ten
                 progress: bool, recipe: TrainRecipe):
     """Train `res.model` for `cfg.steps` updates on shifted batches of `xs` `(N, C, H, W)` in
     [-1, 1] and `ys` `(N,)`, drawn with `g`. Appends `{'step', 'loss', 'val_acc', 'lr'}` to
-    `res.history` every `cfg.eval_every` steps and at the end when `val_ds` is given; each update
+    `res.history` every `cfg.eval_every` steps and at the end when `val_ds` is given. Each update
     goes through `recipe` (`train_recipe`)."""
     from tqdm.auto import tqdm
     model, data_config = res.model, res.data_config
