@@ -46,8 +46,33 @@ def _finetune_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
     p.add_argument("--progress", action="store_true")
+    _add_recipe_args(p)
     return p
 
+
+# %% ../../nbs/90d_cli_finetune.ipynb #22efa112
+_RECIPE_FLAGS = dict(ema="ema_decay", mixup="mixup_alpha", cutmix="cutmix_alpha",
+                    smoothing="label_smoothing", warmup_epochs="warmup_epochs", amp="amp")
+
+def _add_recipe_args(p: argparse.ArgumentParser):
+    "Add the flags of timm's training recipe (`_RECIPE_FLAGS`) to `p`, all off by default."
+    r = p.add_argument_group("training recipe (timm's train.py; all off by default)")
+    r.add_argument("--ema", type=float, default=0.0, metavar="DECAY",
+                   help="keep an EMA of the weights, DECAY per update (e.g. 0.999; warmed up as"
+                   " timm's --model-ema-warmup); the EMA is evaluated and saved")
+    r.add_argument("--mixup", type=float, default=0.0, metavar="ALPHA",
+                   help="mixup, lam ~ Beta(ALPHA, ALPHA) (e.g. 0.8), trained on soft targets;"
+                   " needs an even --batch-size")
+    r.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA",
+                   help="cutmix, box area share 1 - lam, lam ~ Beta(ALPHA, ALPHA) (e.g. 1.0); with"
+                   " --mixup, half the batches each")
+    r.add_argument("--smoothing", type=float, default=0.0, metavar="EPS",
+                   help="label smoothing EPS in [0, 1) (e.g. 0.1)")
+    r.add_argument("--warmup-epochs", type=int, default=0, metavar="N",
+                   help="linear learning-rate warm-up over N passes over the training images"
+                   " (default: 10 updates)")
+    r.add_argument("--amp", action="store_true",
+                   help="mixed precision: autocast in bfloat16 on a CPU, float16 on CUDA")
 
 # %% ../../nbs/90d_cli_finetune.ipynb #78ac392e
 def _finetune_arg_error(a: argparse.Namespace, strategy: str) -> str | None:
@@ -74,6 +99,21 @@ def _finetune_input_shape(a: argparse.Namespace) -> tuple[int, int]:
     img_size = a.img_size or int(saved[-1] if saved else default_size[-1])  # the checkpoint's
     return in_chans, img_size
 
+
+# %% ../../nbs/90d_cli_finetune.ipynb #607d87eb
+def _finetune_config(a: argparse.Namespace) -> FinetuneConfig:
+    """The `FinetuneConfig` of the parsed arguments `a`. Raises `ValueError` with the config's
+    message, prefixed by the flag, for a bad value of a recipe flag."""
+    recipe = {field: getattr(a, dest) for dest, field in _RECIPE_FLAGS.items()}
+    try:
+        return FinetuneConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr,
+                              layer_decay=a.layer_decay, seed=a.seed, device=a.device,
+                              eval_every=max(1, a.steps // 10), **recipe)
+    except ValueError as e:
+        flag = next((dest for dest, field in _RECIPE_FLAGS.items() if str(e).startswith(field)),
+                    None)
+        if flag is None: raise
+        raise ValueError(f"--{flag.replace('_', '-')}: {e}") from None
 
 # %% ../../nbs/90d_cli_finetune.ipynb #c438dde0
 def _finetune_data(a: argparse.Namespace, img_size: int, in_chans: int) -> SimpleNamespace:
@@ -111,7 +151,8 @@ def _finetune_report(a: argparse.Namespace, strategy: str, res: FinetuneResult,
                    skipped=[dict(file=f, reason=r) for f, r in d.skipped], checkpoint=str(ckpt),
                    splits={k: v.name for k, v in splits.items()} if splits else None,
                    valid_from=held.name if held else f"{a.valid_frac or 0.2:g} of each class",
-                   classes_without_valid=no_val)
+                   classes_without_valid=no_val,
+                   recipe={field: getattr(a, dest) for dest, field in _RECIPE_FLAGS.items()})
     with atomic_write(out / "metrics.json", "w") as f: json.dump(metrics, f, indent=1)
     for f_, r in d.skipped: print(f"skipped {f_}: {r}", file=sys.stderr)
     if splits and "test" in splits and held != splits["test"]:
@@ -143,6 +184,7 @@ def finetune_main(argv: list[str] | None = None) -> int:
     msg = _finetune_arg_error(a, strategy)
     if msg: return fail(msg)
     try:
+        conf = _finetune_config(a)
         in_chans, img_size = _finetune_input_shape(a)
         d = _finetune_data(a, img_size, in_chans)
         x, y, va = d.x, d.y, d.va
@@ -150,9 +192,6 @@ def finetune_main(argv: list[str] | None = None) -> int:
             TensorDataset(x[va], y[va]) if len(va) else None
         )
         no_val = [c for i, c in enumerate(d.classes) if len(va) and not (y[va] == i).any()]
-        conf = FinetuneConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-                              layer_decay=a.layer_decay, seed=a.seed, device=a.device,
-                              eval_every=max(1, a.steps // 10))
         kw = dict(in_chans=in_chans, img_size=img_size)
         res = finetune(a.model, train_ds, val_ds, strategy, pretrained_file=a.pretrained,
                        num_classes=len(d.classes), config=conf, model_kwargs=kw,

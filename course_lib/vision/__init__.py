@@ -5,26 +5,29 @@
 # %% auto #0
 __all__ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size', 'check_input_size', 'check_image_batch',
            'dataset_tensors', 'check_finetune_inputs', 'next_batch', 'check_mode', 'check_not_empty',
-           'check_class_count', 'check_flops_input', 'refused_input_error', 'default_cfgs', 'count_params',
-           'count_flops', 'course_resnet_32', 'course_vit_32', 'model_data_config', 'normalize_images',
+           'check_class_count', 'check_flops_input', 'refused_input_error', 'check_finetune_config', 'default_cfgs',
+           'count_params', 'count_flops', 'course_resnet_32', 'course_vit_32', 'model_data_config', 'normalize_images',
            'record_input_size', 'save_model', 'checkpoint_info', 'classifier_prefixes', 'check_checkpoint',
            'create_vision_model', 'load_finetuned', 'is_oom', 'cuda_sync', 'check_close', 'onnx_metadata', 'onnx_bytes',
            'onnx_max_diff', 'TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy',
            'images_per_second', 'choose_batch_size', 'bf16_supported', 'export_torchscript', 'export_onnx',
-           'onnx_session', 'quantize_int8', 'model_size_bytes', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES',
-           'SYMMETRIES', 'digits_task', 'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult',
-           'random_shift', 'layer_groups', 'evaluate', 'create_finetune_model', 'finetune_optimizer', 'train_steps',
-           'finetune', 'square_symmetries', 'label_augmented', 'upright_accuracy', 'pretrained_source_model']
+           'onnx_session', 'quantize_int8', 'model_size_bytes', 'recipe_loss', 'make_mixup', 'warmup_updates',
+           'amp_dtype', 'TrainRecipe', 'train_recipe', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES',
+           'digits_task', 'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult', 'random_shift',
+           'layer_groups', 'evaluate', 'create_finetune_model', 'finetune_optimizer', 'train_steps', 'finetune',
+           'square_symmetries', 'label_augmented', 'upright_accuracy', 'pretrained_source_model']
 
 # %% ../../nbs/56z_vision_api.ipynb #406760d3
-from .checks import (
+from course_lib.vision.checks import (
     suggest_models, check_model_name, model_in_chans, model_fixed_size, check_input_size,
     check_image_batch, dataset_tensors, check_finetune_inputs, next_batch, check_mode,
-    check_not_empty, check_class_count, check_flops_input, refused_input_error)
+    check_not_empty, check_class_count, check_flops_input, refused_input_error,
+    check_finetune_config)
 _all_ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size',
          'check_input_size', 'check_image_batch', 'dataset_tensors',
          'check_finetune_inputs', 'next_batch', 'check_mode', 'check_not_empty',
-         'check_class_count', 'check_flops_input', 'refused_input_error']
+         'check_class_count', 'check_flops_input', 'refused_input_error',
+         'check_finetune_config']
 
 # %% ../../nbs/56z_vision_api.ipynb #8ababd65
 from .registry import (
@@ -53,6 +56,11 @@ from .inference import (
 _all_ = ['TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy',
          'images_per_second', 'choose_batch_size', 'bf16_supported', 'export_torchscript',
          'export_onnx', 'onnx_session', 'quantize_int8', 'model_size_bytes']
+
+# %% ../../nbs/56z_vision_api.ipynb #a770c820
+from .recipe import (
+    recipe_loss, make_mixup, warmup_updates, amp_dtype, TrainRecipe, train_recipe)
+_all_ = ['recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRecipe', 'train_recipe']
 
 # %% ../../nbs/56z_vision_api.ipynb #d125e48b
 from .transfer import (

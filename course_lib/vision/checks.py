@@ -4,7 +4,7 @@
 
 # %% ../../nbs/55_vision_checks.ipynb #656f2c47
 from __future__ import annotations
-import difflib, os
+import difflib, math, os
 from typing import Any, Sequence
 
 import torch
@@ -14,8 +14,8 @@ from torch.utils.data import TensorDataset
 
 # %% auto #0
 __all__ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_size', 'check_input_size', 'check_image_batch',
-           'dataset_tensors', 'check_finetune_inputs', 'next_batch', 'check_mode', 'check_not_empty',
-           'check_class_count', 'check_flops_input', 'refused_input_error']
+           'dataset_tensors', 'check_finetune_inputs', 'check_finetune_config', 'next_batch', 'check_mode',
+           'check_not_empty', 'check_class_count', 'check_flops_input', 'refused_input_error']
 
 # %% ../../nbs/55_vision_checks.ipynb #cae0717b
 def suggest_models(name: str, n: int = 5) -> list[str]:
@@ -128,6 +128,34 @@ def check_finetune_inputs(model_name: str, train_ds, strategy: str, strategies: 
     if not timm.is_model(model_name.split(".")[0]): check_model_name(model_name)
     kw.setdefault("img_size", int(xs.shape[-1]))    # a ViT is built for it; a CNN ignores it
     return xs, ys, num_classes, kw
+
+# %% ../../nbs/55_vision_checks.ipynb #03585268
+def _real(v) -> bool:
+    "True for a finite int or float that is not a bool."
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+def check_finetune_config(cfg) -> None:
+    """Check the training-recipe fields of a `FinetuneConfig` (lesson 51, notebook 51a): `ema_decay`
+    in [0, 1), `mixup_alpha` and `cutmix_alpha` finite and >= 0, either of them > 0 only with an
+    even `batch_size` (timm's `Mixup` pairs each image with the batch reversed), `label_smoothing`
+    in [0, 1), `warmup_epochs` an int >= 0, `amp` a bool. Raises `ValueError` naming the field and
+    its value."""
+    rules = [("ema_decay", _real(cfg.ema_decay) and 0 <= cfg.ema_decay < 1, "in [0, 1) (0: off)"),
+             ("mixup_alpha", _real(cfg.mixup_alpha) and cfg.mixup_alpha >= 0, ">= 0 (0: off)"),
+             ("cutmix_alpha", _real(cfg.cutmix_alpha) and cfg.cutmix_alpha >= 0, ">= 0 (0: off)"),
+             ("label_smoothing", _real(cfg.label_smoothing) and 0 <= cfg.label_smoothing < 1,
+              "in [0, 1) (0: off)"),
+             ("warmup_epochs", isinstance(cfg.warmup_epochs, int) and not isinstance(
+                 cfg.warmup_epochs, bool) and cfg.warmup_epochs >= 0,
+              "an int >= 0 (0: warmup_steps decides)"),
+             ("amp", isinstance(cfg.amp, bool), "True or False")]
+    for name, ok, rule in rules:
+        if not ok: raise ValueError(f"{name} must be {rule}, got {getattr(cfg, name)!r}")
+    if (cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0) and cfg.batch_size % 2:
+        raise ValueError(
+            f"mixup_alpha={cfg.mixup_alpha:g} / cutmix_alpha={cfg.cutmix_alpha:g} need an even"
+            f" batch_size (timm's Mixup pairs each image with the batch reversed), got"
+            f" batch_size={cfg.batch_size}")
 
 # %% ../../nbs/55_vision_checks.ipynb #ddd53e1a
 def next_batch(n: int, batch_size: int, g: torch.Generator, perm: torch.Tensor, pos: int):

@@ -18,10 +18,11 @@ from ..core.cache import cache_lock
 from ..core.basics import (
     restore_pretrained, grad_enabled, seed_everything, get_device, cache_dir)
 from ..data.images import Digits
-from .checks import (
-    check_mode, check_class_count, check_finetune_inputs, dataset_tensors, next_batch)
+from .checks import (check_mode, check_class_count, check_finetune_inputs,
+                                     check_finetune_config, dataset_tensors, next_batch)
 from .checkpoints import save_model, create_vision_model, classifier_prefixes
 from .registry import model_data_config, normalize_images, record_input_size
+from .recipe import TrainRecipe, train_recipe, warmup_updates
 
 # %% auto #0
 __all__ = ['SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task',
@@ -71,7 +72,12 @@ STRATEGIES = ("scratch", "linear", "full", "lld", "gradual")
 @dataclass
 class FinetuneConfig:
     """Training knobs of `finetune`. The defaults run in well under a minute on a CPU for the
-    course's models."""
+    course's models. The last six are timm's recipe (its `train.py` flag after each), all off by
+    default (notebook `51a_finetune_recipe`): an EMA of the weights (`ModelEmaV3`, decay warmed up,
+    evaluated and returned), mixup / cutmix (`timm.data.Mixup`, Beta(alpha, alpha), an even
+    `batch_size`) with soft-target cross-entropy, label smoothing eps, warm-up counted in epochs
+    (0: `warmup_steps` updates), and autocast (bfloat16 on a CPU, float16 with a GradScaler on
+    CUDA). Raises `ValueError` for a bad value (`check_finetune_config`)."""
     steps: int = 200            # optimiser updates (the budget every strategy gets)
     batch_size: int = 32
     lr: float = 2e-3            # peak learning rate (AdamW)
@@ -82,7 +88,17 @@ class FinetuneConfig:
     max_shift: int = 2          # random translation augmentation, pixels
     seed: int = 0
     device: str | None = None   # default: course_lib.core.basics.get_device()
+    ema_decay: float = 0.0      # EMA decay per update, 0: off (--model-ema-decay)
+    mixup_alpha: float = 0.0    # 0: off (--mixup)
+    cutmix_alpha: float = 0.0   # 0: off (--cutmix)
+    label_smoothing: float = 0.0  # eps in [0, 1), 0: off (--smoothing)
+    warmup_epochs: int = 0      # epochs, 0: warmup_steps decides (--warmup-epochs)
+    amp: bool = False           # mixed precision (--amp)
 
+    def __post_init__(self): check_finetune_config(self)
+
+
+# %% ../../nbs/51_transfer_learning.ipynb #19e7d919
 @dataclass
 class FinetuneResult:
     """What `finetune` returns: the trained `model` (eval mode), the validation `history`, the final
@@ -147,9 +163,10 @@ def create_finetune_model(model_name: str, strategy: str, pretrained_file, num_c
     return model, data_config
 
 # %% ../../nbs/51_transfer_learning.ipynb #df18e10a
-def finetune_optimizer(model: nn.Module, strategy: str, cfg: FinetuneConfig):
+def finetune_optimizer(model: nn.Module, strategy: str, cfg: FinetuneConfig, n_train: int = 0):
     """Freeze what `strategy` keeps fixed, then AdamW (`create_optimizer_v2`, layer decay for
-    'lld') and timm's cosine schedule with warm-up. Returns `(opt, sched, body)`, `body` the
+    'lld') and timm's cosine schedule with `warmup_updates(cfg, n_train)` updates of warm-up
+    (`n_train`: training images, for `warmup_epochs`). Returns `(opt, sched, body)`, `body` the
     names of the model's children outside the classifier."""
     from timm.optim import create_optimizer_v2
     from timm.scheduler import CosineLRScheduler
@@ -166,7 +183,7 @@ def finetune_optimizer(model: nn.Module, strategy: str, cfg: FinetuneConfig):
     if strategy == "gradual":
         for p in model.parameters(): p.requires_grad_(False)
     sched = CosineLRScheduler(opt, t_initial=cfg.steps,
-                              warmup_t=min(cfg.warmup_steps, cfg.steps - 1),
+                              warmup_t=warmup_updates(cfg, n_train),
                               warmup_lr_init=cfg.lr * 0.01, lr_min=cfg.lr * 0.01, t_in_epochs=False)
     return opt, sched, body
 
@@ -177,22 +194,25 @@ def _unfreeze_top(groups: list[list[str]], names: dict, step: int, phase: int):
     for grp in groups[len(groups) - k:]:
         for n in grp: names[n].requires_grad_(True)
 
-def _update(model: nn.Module, opt, sched, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
-    "One AdamW update on the batch `(x, y)` with cross-entropy; returns the loss."
-    loss = F.cross_entropy(model(x), y)
+def _update(model: nn.Module, opt, sched, x: torch.Tensor, y: torch.Tensor, step: int,
+            recipe: TrainRecipe) -> float:
+    "One AdamW update on the batch `(x, y)` with the recipe's loss; returns the loss."
+    x, y = recipe.mix(x, y)                   # mixup / cutmix: soft targets (B, K)
+    with recipe.autocast(x.device.type):
+        loss = recipe.loss_fn(model(x), y)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
+    recipe.backward_step(loss, opt, model, step)   # backward, step, EMA
     sched.step_update(step)
     return loss.item()
 
 # %% ../../nbs/51_transfer_learning.ipynb #b08c342d
 def train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Tensor,
                 g: torch.Generator, cfg: FinetuneConfig, val_ds, device, desc: str,
-                progress: bool):
+                progress: bool, recipe: TrainRecipe):
     """Train `res.model` for `cfg.steps` updates on shifted batches of `xs` `(N, C, H, W)` in
     [-1, 1] and `ys` `(N,)`, drawn with `g`. Appends `{'step', 'loss', 'val_acc', 'lr'}` to
-    `res.history` every `cfg.eval_every` steps and at the end when `val_ds` is given."""
+    `res.history` every `cfg.eval_every` steps and at the end when `val_ds` is given. Each update
+    goes through `recipe` (`train_recipe`)."""
     from tqdm.auto import tqdm
     model, data_config = res.model, res.data_config
     groups = layer_groups(model)
@@ -204,12 +224,13 @@ def train_steps(res: FinetuneResult, opt, sched, xs: torch.Tensor, ys: torch.Ten
         if res.strategy == "gradual": _unfreeze_top(groups, names, step, phase)
         idx, perm, pos = next_batch(len(ys), cfg.batch_size, g, perm, pos)
         x = normalize_images(random_shift(xs[idx], cfg.max_shift, g), data_config).to(device)
-        loss = _update(model, opt, sched, x, ys[idx].to(device), step)
+        loss = _update(model, opt, sched, x, ys[idx].to(device), step, recipe)
         loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
         if val_ds is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
             res.history.append(
                 dict(step=step, loss=round(loss_ema, 4),
-                     val_acc=evaluate(model, val_ds, data_config, device=device),
+                     val_acc=evaluate(recipe.eval_model(model), val_ds, data_config,
+                                  device=device),
                      lr=max(pg["lr"] for pg in opt.param_groups))
             )
 
@@ -221,31 +242,32 @@ def finetune(model_name: str, train_ds, val_ds=None, strategy: str = "full",
              progress: bool = False) -> FinetuneResult:
     """Fine-tune timm model `model_name` on `train_ds` (`(x, y)` items, `x` `(C, H, W)` float32 in
     [-1, 1], `y` int in `0..num_classes-1`) with one of `STRATEGIES` (see the table in the lesson),
-    for exactly `config.steps` AdamW updates with a timm cosine schedule. Validation accuracy on
-    `val_ds` every `config.eval_every` steps and at the end.
-
+    for exactly `config.steps` AdamW updates, a timm cosine schedule and the config's recipe
+    (`train_recipe`). Validation accuracy on `val_ds` every `eval_every` steps and at the end.
     `pretrained_file`: the source weights (safetensors, see `save_model`), loaded with a new head
     through timm's pretrained path (`create_vision_model(..., new_head=True)`). Required by every
     strategy but 'scratch', which ignores it. `num_classes` defaults to `max(y) + 1`. `model_kwargs`
     go to `timm.create_model` (e.g. `in_chans`, `img_size`: default the images'); the model's config
     records the size trained at (`record_input_size`). Raises `ValueError` for an unknown strategy
-    or model name, a missing `pretrained_file`, or an unfit checkpoint. Returns a `FinetuneResult`
-    (model in eval mode)."""
+    or model name, a missing `pretrained_file`, an unfit checkpoint, or `amp` on a device without
+    autocast. Returns a `FinetuneResult` (model in eval mode: the EMA's with `ema_decay`)."""
     from timm.utils.model import unfreeze
     cfg = config or FinetuneConfig()
-    xs, ys, num_classes, kw = check_finetune_inputs(model_name, train_ds, strategy, STRATEGIES,
-                                                    pretrained_file, num_classes, cfg.steps,
-                                                    model_kwargs)
+    xs, ys, num_classes, kw = check_finetune_inputs(
+        model_name, train_ds, strategy, STRATEGIES, pretrained_file, num_classes, cfg.steps,
+        model_kwargs)
     g = seed_everything(cfg.seed)
     device = get_device(cfg.device)
     model, data_config = create_finetune_model(model_name, strategy, pretrained_file, num_classes,
                                                kw, xs, device)
-    opt, sched, body = finetune_optimizer(model, strategy, cfg)
+    opt, sched, body = finetune_optimizer(model, strategy, cfg, len(ys))
+    recipe = train_recipe(model, cfg, num_classes, device)
     res = FinetuneResult(model, strategy, data_config=data_config)
     t0 = time.time()
     train_steps(res, opt, sched, xs, ys, g, cfg, val_ds, device, f"{model_name} {strategy}",
-                progress)
-    # back to plain BatchNorm so the checkpoint loads anywhere
+                progress, recipe)
+    # the EMA's weights if kept, back to plain BatchNorm so the checkpoint loads anywhere
+    model = recipe.eval_model(model)
     if strategy == "linear": unfreeze(model, body)
     for p in model.parameters(): p.requires_grad_(True)
     res.model = model.eval()
