@@ -155,7 +155,7 @@ def export_torchscript(model: nn.Module, path: str | os.PathLike, example: torch
 
 # %% ../../nbs/52_inference_export.ipynb #278f5717
 def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor,
-                atol: float = 1e-4, opset: int = 17, check_batch_sizes: Sequence[int] = (1, 5, 33),
+                atol: float = 1e-4, opset: int = 18, check_batch_sizes: Sequence[int] = (1, 5, 33),
                 metadata: dict[str, Any] | None = None) -> tuple[Path, float]:
     """Export `model` (eval mode, CPU) to ONNX at `path` (atomically) with input `x` `(batch, C, H,
     W)` and output `logits` `(batch, K)`, the batch axis dynamic, and `metadata` (default: the
@@ -163,8 +163,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: torch.Tensor
     which the graph takes (`ValueError` for a `metadata['input_size']` that differs, another size
     than the config's sets `crop_pct` 1.0). Validated with onnxruntime (CPU) against PyTorch on
     batches of `check_batch_sizes`: returns `(path, max abs difference)`. Raises `RuntimeError` if
-    it exceeds `atol` (the file is removed). Uses the TorchScript-based exporter
-    (`torch.onnx.export(dynamo=False)`)."""
+    it exceeds `atol` (the file is removed). Uses the dynamo exporter (`torch.export` and
+    onnxscript: `torch.onnx.export(dynamo=True)`), or where that fails the TorchScript-based one
+    (`dynamo=False`), with a `UserWarning` naming the reason (`onnx_bytes`)."""
     import onnx, onnxruntime as ort
     size = [int(s) for s in example.shape[1:]]             # what the graph takes, batch apart
     meta = onnx_metadata(model, size, metadata)
