@@ -56,7 +56,7 @@ def onnx_metadata(model: nn.Module, size: list[int], metadata: dict[str, Any] | 
 def onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int, dynamo: bool = True) -> bytes:
     """The ONNX bytes of the CPU, eval-mode `model` on `example` `(B, C, H, W)`: input `x`, output
     `logits`, the batch axis `batch` dynamic. `torch.onnx.export(dynamo=True)` (the dynamo exporter:
-    `torch.export` and onnxscript; opset 18 or more) unless `dynamo=False`; if it raises, a
+    `torch.export` and onnxscript, opset 18 or more) unless `dynamo=False`. If it raises, a
     `UserWarning` names the reason and the TorchScript-based exporter (`dynamo=False`) is used."""
     names = dict(input_names=["x"], output_names=["logits"], opset_version=opset)
     if dynamo:
@@ -70,8 +70,8 @@ def onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int, dynamo: bool
         except Exception as e:
             while e.__cause__ is not None: e = e.__cause__     # torch.export's own error
             reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
-            warnings.warn(f"the dynamo ONNX exporter failed ({reason}); using the TorchScript-based"
-                          " exporter (dynamo=False)", stacklevel=2)
+            warnings.warn(f"the dynamo ONNX exporter failed ({reason}), so the TorchScript-based"
+                          " exporter (dynamo=False) is used", stacklevel=2)
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -79,6 +79,7 @@ def onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int, dynamo: bool
                           dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
     return buf.getvalue()
 
+# %% ../../nbs/56_export_checks.ipynb #d9e18868
 def onnx_max_diff(model: nn.Module, sess, path, example: torch.Tensor,
                   check_batch_sizes: Sequence[int], atol: float) -> float:
     """Largest absolute logit gap of onnxruntime session `sess` from `model` on random batches
