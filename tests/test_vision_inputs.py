@@ -192,6 +192,28 @@ def test_onnx_metadata_says_what_the_graph_takes(tmp_path):
     assert not (tmp_path / "n.onnx").exists()
 
 
+def test_onnx_export_is_the_dynamo_exporter_with_a_named_fallback():
+    """export_onnx used the TorchScript-based exporter only (issue 46): it now runs the dynamo exporter (opset 18,
+    the batch axis named `batch`), and where torch.export refuses a model it warns with torch.export's own error and
+    traces instead."""
+    import warnings
+    import onnx, onnxruntime as ort
+    from course_lib.vision.export_checks import onnx_bytes
+    m = timm.create_model("course_resnet_32", num_classes=3).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)                   # no fallback for a course model
+        proto = onnx.load_from_string(onnx_bytes(m, torch.randn(2, 1, 32, 32), 18))
+    assert {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")} == {18}
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+    class Gate(torch.nn.Module):
+        def forward(self, x): return x.flatten(1) * 2 if x.mean() > 0 else -x.flatten(1)
+    with pytest.warns(UserWarning, match=r"dynamo ONNX exporter failed \(GuardOnDataDependentSymNode: .*data-dep"):
+        b = onnx_bytes(Gate(), torch.ones(2, 1, 4, 4), 18)
+    sess = ort.InferenceSession(b, providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"x": np.ones((3, 1, 4, 4), np.float32)})[0].shape == (3, 16)      # traced, batch dynamic
+
+
 # ---- course finetune ---------------------------------------------------------------------------------------
 
 def test_course_finetune_uses_a_train_val_split(tmp_path, capsys):

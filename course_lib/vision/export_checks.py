@@ -4,7 +4,7 @@
 
 # %% ../../nbs/56_export_checks.ipynb #eef9f2d6
 from __future__ import annotations
-import io, warnings
+import contextlib, io, warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -53,16 +53,33 @@ def onnx_metadata(model: nn.Module, size: list[int], metadata: dict[str, Any] | 
     return dict(metadata, input_size=size)
 
 # %% ../../nbs/56_export_checks.ipynb #741eb26b
-def onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int) -> bytes:
-    "`torch.onnx.export` of the CPU, eval-mode `model` traced on `example`, batch axis dynamic."
+def onnx_bytes(model: nn.Module, example: torch.Tensor, opset: int, dynamo: bool = True) -> bytes:
+    """The ONNX bytes of the CPU, eval-mode `model` on `example` `(B, C, H, W)`: input `x`, output
+    `logits`, the batch axis `batch` dynamic. `torch.onnx.export(dynamo=True)` (the dynamo exporter:
+    `torch.export` and onnxscript, opset 18 or more) unless `dynamo=False`. If it raises, a
+    `UserWarning` names the reason and the TorchScript-based exporter (`dynamo=False`) is used."""
+    names = dict(input_names=["x"], output_names=["logits"], opset_version=opset)
+    if dynamo:
+        try:
+            with (torch.no_grad(), warnings.catch_warnings(),
+                  contextlib.redirect_stdout(io.StringIO())):   # its progress lines
+                warnings.simplefilter("ignore")
+                prog = torch.onnx.export(model, (example.cpu(),), None, dynamo=True, **names,
+                                         dynamic_shapes=({0: torch.export.Dim("batch")},))
+            return prog.model_proto.SerializeToString()
+        except Exception as e:
+            while e.__cause__ is not None: e = e.__cause__     # torch.export's own error
+            reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            warnings.warn(f"the dynamo ONNX exporter failed ({reason}), so the TorchScript-based"
+                          " exporter (dynamo=False) is used", stacklevel=2)
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (example.cpu(),), buf, input_names=["x"], output_names=["logits"],
-                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
-                          opset_version=opset, dynamo=False)
+        torch.onnx.export(model, (example.cpu(),), buf, **names, dynamo=False,
+                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
     return buf.getvalue()
 
+# %% ../../nbs/56_export_checks.ipynb #d9e18868
 def onnx_max_diff(model: nn.Module, sess, path, example: torch.Tensor,
                   check_batch_sizes: Sequence[int], atol: float) -> float:
     """Largest absolute logit gap of onnxruntime session `sess` from `model` on random batches
