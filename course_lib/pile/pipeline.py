@@ -310,6 +310,7 @@ def _add(c: dict, key: str, docs: int, nbytes: int) -> None:
     d, b = c.get(key, [0, 0])
     c[key] = [d + docs, b + nbytes]
 
+# %% ../../nbs/69a_pile_pipeline.ipynb #8b3d1f27
 def clean_report(output, work_dir=None) -> CleanReport:
     "The `CleanReport` of a finished run in `output` (its counts and removal logs in `work_dir`)."
     work, rep = Path(work_dir) if work_dir else Path(output)/".clean", CleanReport()
