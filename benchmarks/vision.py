@@ -1,9 +1,14 @@
 """Inference throughput of a course vision model: images/s for eager fp32, channels_last, bf16 autocast,
 TorchScript and ONNX Runtime at batch sizes 1 to 256, with ratios against eager fp32 measured in the same run,
 and a check that `course_lib.vision.inference.choose_batch_size` picks a batch size within 10% of the best throughput.
+With `--quant` (CPU only), int8 beside them: dynamic int8 of the Linear layers (eager) and static int8 by torchao's
+PT2E flow compiled with Inductor, against eager and compiled fp32, with the int8/fp32 ratios in the same execution
+mode. The static model is calibrated on random images: its latency is what is measured here, not its accuracy
+(lesson 52 measures both on real images).
 
     python benchmarks/vision.py                        # course_resnet_32 on the default device
     python benchmarks/vision.py --model course_vit_32 --threads 1 --min-time 0.5
+    python benchmarks/vision.py --quant --threads 1 --batch-sizes 1,8,64
 """
 import argparse, copy, sys, tempfile, warnings
 from pathlib import Path
@@ -24,11 +29,14 @@ def main(argv=None) -> int:
     p.add_argument("--min-time", type=float, default=0.4, help="seconds of timing per measurement")
     p.add_argument("--threads", type=int, default=None, help="torch and onnxruntime CPU threads (default: torch's)")
     p.add_argument("--device", default=None)
+    p.add_argument("--quant", action="store_true", help="add dynamic and static int8 (CPU only)")
     a = p.parse_args(argv)
     if a.threads: torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
     device = get_device(a.device)
     sizes = [int(b) for b in a.batch_sizes.split(",")]
+    if a.quant and device.type != "cpu":
+        p.error(f"--quant measures CPU int8 kernels, and the device is {device}: add --device cpu")
     torch.manual_seed(0)
     model = timm.create_model(a.model, num_classes=10).eval().to(device)
     shape = model_data_config(model)["input_size"]
@@ -55,6 +63,7 @@ def main(argv=None) -> int:
     onnx_path, onnx_diff = export_onnx(model, tmp / "m.onnx", ex)
     sess = onnx_session(onnx_path, threads=threads if device.type == "cpu" else None)
     variants["ONNX Runtime"] = (lambda x: sess.run(None, {"x": x.numpy()}), torch.device("cpu"))
+    if a.quant: variants.update(int8_variants(model, shape, eager))
 
     table = {}
     for name, (fn, dev) in variants.items():
@@ -73,6 +82,12 @@ def main(argv=None) -> int:
     for name, row in table.items():
         cells = [f"{row[b]:9.0f} x{row[b] / base[b]:4.2f}" if b in row and b in base else f"{'-':>14}" for b in sizes]
         print(f"{name:<15}" + "".join(f"{c:>16}" for c in cells))
+    if a.quant:
+        print("\n# int8 against fp32 in the same execution mode: x ratio of images/s")
+        for q, ref in (("dynamic int8", "eager fp32"), ("static int8", "fp32 compiled")):
+            ratios = [f"batch {b} x{table[q][b] / table[ref][b]:.2f}" for b in sizes
+                      if b in table[q] and b in table[ref]]
+            print(f"{q} / {ref}: " + ", ".join(ratios))
     best_b = max(base, key=base.get)
     chosen, _ = choose_batch_size(variants["eager fp32"][0], shape, sizes, device=device, min_time=a.min_time)
     ratio = base[chosen] / base[best_b]
@@ -80,6 +95,19 @@ def main(argv=None) -> int:
           f"{100 * ratio:.1f}% of the best ({base[best_b]:.0f} images/s at batch {best_b}): "
           f"{'within' if ratio >= 0.9 else 'NOT within'} 10%")
     return 0 if ratio >= 0.9 else 1
+
+
+def int8_variants(model, shape, eager) -> dict:
+    "Dynamic int8 (eager), fp32 and static int8 compiled by `compile_cpu`: name -> (fn, device)."
+    from course_lib.vision import compile_cpu, quantize_int8, static_int8
+    cpu = copy.deepcopy(model).cpu().eval()
+    calib = torch.randn(64, *shape)                 # latency only: any images calibrate the ranges
+    out = {"dynamic int8": (eager(quantize_int8(cpu)), torch.device("cpu"))}
+    for name, m in (("fp32 compiled", cpu), ("static int8", static_int8(cpu, calib))):
+        fn, how = compile_cpu(m, calib[:2])
+        if how != "compiled": print(f"# {name}: {how}")
+        out[name] = (fn, torch.device("cpu"))
+    return out
 
 
 if __name__ == "__main__":

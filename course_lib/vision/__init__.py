@@ -11,11 +11,13 @@ __all__ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_
            'create_vision_model', 'load_finetuned', 'is_oom', 'cuda_sync', 'check_close', 'onnx_metadata', 'onnx_bytes',
            'onnx_max_diff', 'TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy',
            'images_per_second', 'choose_batch_size', 'bf16_supported', 'export_torchscript', 'export_onnx',
-           'onnx_session', 'quantize_int8', 'model_size_bytes', 'recipe_loss', 'make_mixup', 'warmup_updates',
-           'amp_dtype', 'TrainRecipe', 'train_recipe', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES',
-           'digits_task', 'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult', 'random_shift',
-           'layer_groups', 'evaluate', 'create_finetune_model', 'finetune_optimizer', 'train_steps', 'finetune',
-           'square_symmetries', 'label_augmented', 'upright_accuracy', 'pretrained_source_model']
+           'onnx_session', 'quantize_int8', 'model_size_bytes', 'minmax_qparams', 'quantize_affine',
+           'dequantize_affine', 'x86_quantizer', 'export_for_quantization', 'static_int8', 'qat_int8', 'weight_bytes',
+           'compile_cpu', 'recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRecipe', 'train_recipe',
+           'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task',
+           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'create_finetune_model',
+           'finetune_optimizer', 'train_steps', 'finetune', 'square_symmetries', 'label_augmented', 'upright_accuracy',
+           'pretrained_source_model']
 
 # %% ../../nbs/56z_vision_api.ipynb #406760d3
 from course_lib.vision.checks import (
@@ -56,6 +58,13 @@ from .inference import (
 _all_ = ['TTA_MODES', 'tta_views', 'predict_logits', 'ensemble_logits', 'accuracy',
          'images_per_second', 'choose_batch_size', 'bf16_supported', 'export_torchscript',
          'export_onnx', 'onnx_session', 'quantize_int8', 'model_size_bytes']
+
+# %% ../../nbs/56z_vision_api.ipynb #15d6118a
+from .quantize import (
+    minmax_qparams, quantize_affine, dequantize_affine, x86_quantizer, export_for_quantization,
+    static_int8, qat_int8, weight_bytes, compile_cpu)
+_all_ = ['minmax_qparams', 'quantize_affine', 'dequantize_affine', 'x86_quantizer',
+         'export_for_quantization', 'static_int8', 'qat_int8', 'weight_bytes', 'compile_cpu']
 
 # %% ../../nbs/56z_vision_api.ipynb #a770c820
 from .recipe import (
