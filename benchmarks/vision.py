@@ -9,6 +9,12 @@ mode. The static model is calibrated on random images: its latency is what is me
     python benchmarks/vision.py                        # course_resnet_32 on the default device
     python benchmarks/vision.py --model course_vit_32 --threads 1 --min-time 0.5
     python benchmarks/vision.py --quant --threads 1 --batch-sizes 1,8,64
+    python benchmarks/vision.py --train --batch-sizes 8,32,128,256
+
+With --train: training throughput instead (forward, cross-entropy, backward and an AdamW step on random batches, as
+timm's benchmark.py measures it, `course_lib.vision.recipe.train_images_per_second`) in fp32 and, where the device
+has it (`bf16_supported`), under bf16 autocast, with the bf16 / fp32 ratio per batch size measured in the same run.
+
 """
 import argparse, copy, sys, tempfile, warnings
 from pathlib import Path
@@ -19,7 +25,29 @@ from course_lib.core import get_device
 from course_lib.vision import (
     bf16_supported, choose_batch_size, export_onnx, export_torchscript, images_per_second,
     model_data_config, onnx_session)
+from course_lib.vision.recipe import train_images_per_second
 import timm
+
+
+def train_table(model, sizes, device, min_time) -> int:
+    "Print training images/s per batch size in fp32 and bf16 autocast (where supported), and their ratio."
+    precisions = {"fp32": None}
+    if bf16_supported(device): precisions["bf16 autocast"] = torch.bfloat16
+    else: print(f"# bf16 autocast skipped: {device} has no native bfloat16 (bf16_supported)")
+    table = {p: {} for p in precisions}
+    for b in sizes:                                   # the precisions side by side, batch size by batch size
+        for p, dtype in precisions.items():
+            try: table[p][b] = train_images_per_second(model, b, dtype, min_time=min_time)
+            except RuntimeError as e:
+                if "out of memory" not in str(e).lower(): raise
+    print(f"{'precision':<15}" + "".join(f"{b:>10}" for b in sizes))
+    for p, row in table.items():
+        print(f"{p:<15}" + "".join(f"{row[b]:>10.0f}" if b in row else f"{'-':>10}" for b in sizes))
+    if "bf16 autocast" in table:
+        bf, fp = table["bf16 autocast"], table["fp32"]
+        print(f"{'bf16 / fp32':<15}" + "".join(f"{bf[b] / fp[b]:>10.2f}" if b in bf and b in fp else f"{'-':>10}"
+                                               for b in sizes))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -30,6 +58,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch and onnxruntime CPU threads (default: torch's)")
     p.add_argument("--device", default=None)
     p.add_argument("--quant", action="store_true", help="add dynamic and static int8 (CPU only)")
+    p.add_argument("--train", action="store_true",
+                   help="training throughput (forward, backward, AdamW step) in fp32 and bf16 instead of inference")
     a = p.parse_args(argv)
     if a.threads: torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
@@ -41,6 +71,10 @@ def main(argv=None) -> int:
     model = timm.create_model(a.model, num_classes=10).eval().to(device)
     shape = model_data_config(model)["input_size"]
     ex = torch.randn(2, *shape)
+    if a.train:
+        print(f"# {a.model}, input {tuple(shape)}, device {device}, {threads} CPU thread(s); training images/s "
+              "(forward + cross-entropy + backward + AdamW step, random batches)")
+        return train_table(model, sizes, device, a.min_time)
 
     def eager(m, amp=None, cl=False):
         if cl: m = copy.deepcopy(m).to(memory_format=torch.channels_last)

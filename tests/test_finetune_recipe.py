@@ -301,3 +301,22 @@ def test_cli_records_the_recipe(tmp_path):
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert rc == 0 and metrics["recipe"] == dict(ema_decay=0.9, mixup_alpha=0.0, cutmix_alpha=0.0,
                                                  label_smoothing=0.1, warmup_epochs=0, amp=False)
+
+
+# ---- training throughput (a measurement, never asserted on its value) ----------------------------------------
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16])
+def test_train_images_per_second_is_positive_and_leaves_the_model_as_it_was(amp):
+    from course_lib.vision.recipe import train_images_per_second
+    torch.manual_seed(0)
+    m = timm.create_model("course_resnet_32", num_classes=5).eval()
+    m.fc.weight.grad = torch.ones_like(m.fc.weight)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    ips = train_images_per_second(m, 4, amp_dtype=amp, min_time=0.0, warmup=1)
+    assert isinstance(ips, float) and np.isfinite(ips) and ips > 0
+    assert not m.training
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())     # weights and BN stats
+    assert torch.equal(m.fc.weight.grad, torch.ones_like(m.fc.weight))
+    assert all(p.grad is None for n, p in m.named_parameters() if n != "fc.weight")
+    with pytest.raises(ValueError, match="batch_size"):
+        train_images_per_second(m, 0)

@@ -14,10 +14,10 @@ __all__ = ['suggest_models', 'check_model_name', 'model_in_chans', 'model_fixed_
            'onnx_session', 'quantize_int8', 'model_size_bytes', 'minmax_qparams', 'quantize_affine',
            'dequantize_affine', 'x86_quantizer', 'export_for_quantization', 'static_int8', 'qat_int8', 'weight_bytes',
            'compile_cpu', 'recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRecipe', 'train_recipe',
-           'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task', 'source_task', 'target_task',
-           'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate', 'create_finetune_model',
-           'finetune_optimizer', 'train_steps', 'finetune', 'square_symmetries', 'label_augmented', 'upright_accuracy',
-           'pretrained_source_model']
+           'train_images_per_second', 'SOURCE_CLASSES', 'TARGET_CLASSES', 'STRATEGIES', 'SYMMETRIES', 'digits_task',
+           'source_task', 'target_task', 'FinetuneConfig', 'FinetuneResult', 'random_shift', 'layer_groups', 'evaluate',
+           'create_finetune_model', 'finetune_optimizer', 'train_steps', 'finetune', 'square_symmetries',
+           'label_augmented', 'upright_accuracy', 'pretrained_source_model']
 
 # %% ../../nbs/56z_vision_api.ipynb #406760d3
 from course_lib.vision.checks import (
@@ -67,9 +67,11 @@ _all_ = ['minmax_qparams', 'quantize_affine', 'dequantize_affine', 'x86_quantize
          'export_for_quantization', 'static_int8', 'qat_int8', 'weight_bytes', 'compile_cpu']
 
 # %% ../../nbs/56z_vision_api.ipynb #a770c820
-from .recipe import (
-    recipe_loss, make_mixup, warmup_updates, amp_dtype, TrainRecipe, train_recipe)
-_all_ = ['recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRecipe', 'train_recipe']
+from course_lib.vision.recipe import (
+    recipe_loss, make_mixup, warmup_updates, amp_dtype, TrainRecipe, train_recipe,
+    train_images_per_second)
+_all_ = ['recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRecipe', 'train_recipe',
+         'train_images_per_second']
 
 # %% ../../nbs/56z_vision_api.ipynb #d125e48b
 from .transfer import (

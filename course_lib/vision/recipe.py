@@ -4,15 +4,19 @@
 
 # %% ../../nbs/51a_finetune_recipe.ipynb #251b7479
 from __future__ import annotations
-import contextlib
+import contextlib, copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from .inference import images_per_second
+from .registry import model_data_config
+
+
 # %% auto #0
-__all__ = ['recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRecipe', 'train_recipe']
+__all__ = ['recipe_loss', 'make_mixup', 'warmup_updates', 'amp_dtype', 'TrainRecipe', 'train_recipe', 'train_images_per_second']
 
 # %% ../../nbs/51a_finetune_recipe.ipynb #50ba0579
 def recipe_loss(cfg) -> nn.Module:
@@ -108,3 +112,36 @@ def train_recipe(model: nn.Module, cfg, num_classes: int, device) -> TrainRecipe
     scaler = torch.amp.GradScaler(torch.device(device).type) if dtype == torch.float16 else None
     ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True) if cfg.ema_decay > 0 else None
     return TrainRecipe(recipe_loss(cfg), make_mixup(cfg, num_classes), ema, dtype, scaler)
+
+# %% ../../nbs/51a_finetune_recipe.ipynb #beb12560
+def train_images_per_second(model: nn.Module, batch_size: int, amp_dtype: torch.dtype | None = None,
+                            min_time: float = 0.3, warmup: int = 1, lr: float = 1e-4) -> float:
+    """Training throughput of `model` (on its own device) in images per second, as timm's
+    `benchmark.py` measures it: a batch of `batch_size` random images `(B, *input_size)` float32
+    (`model_data_config`) and random labels, each step a forward (under `torch.autocast(amp_dtype)`
+    unless None), cross-entropy, backward and an AdamW step at `lr`, timed by `images_per_second`
+    (`warmup` untimed steps, then steps for `min_time` seconds, at least 2, CUDA synchronised). No
+    `GradScaler`: float16 is timed, not trained. The parameters, buffers, gradients and training
+    mode of `model` are restored afterwards. Raises `ValueError` for `batch_size < 1`."""
+    if batch_size < 1: raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+    dev = next(model.parameters()).device
+    state, was = copy.deepcopy(model.state_dict()), model.training
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    g = torch.Generator(dev).manual_seed(0)
+    x = torch.randn(batch_size, *model_data_config(model)["input_size"], device=dev, generator=g)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    def step(x):
+        with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            z = model(x)
+            y = torch.randint(0, z.shape[-1], (len(x),), device=dev, generator=g)
+            loss = nn.functional.cross_entropy(z, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.train()
+    try: return images_per_second(step, x, min_time=min_time, warmup=warmup)
+    finally:
+        model.load_state_dict(state)
+        model.train(was)
+        for name, p in model.named_parameters(): p.grad = grads[name]
+
