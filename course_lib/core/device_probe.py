@@ -409,13 +409,13 @@ def _patch_generator(kind):
 # %% ../../nbs/09_device_probe.ipynb #b9870ce9
 def _patch_cuda(bf16):
     c = torch.cuda
-    c._lazy_init = lambda: None
-    c.is_available, c.is_initialized = (lambda: True), (lambda: True)
+    c._lazy_init, c.is_available, c.is_initialized = (lambda: None), (lambda: True), (lambda: True)
     c.device_count, c.current_device = (lambda: 1), (lambda: 0)
-    c.set_device = lambda d: None
-    c.synchronize = lambda d=None: None
+    c.set_device, c.synchronize = (lambda d: None), (lambda d=None: None)
     c.get_device_name = lambda d=None: "device probe (CPU values, CUDA's device rules)"
     c.get_device_capability = lambda d=None: (7, 5)
+    props = collections.namedtuple("Props", "name major minor total_memory multi_processor_count")
+    c.get_device_properties = lambda d=None: props(c.get_device_name(), 7, 5, 16 * 2**30, 40)
     c.is_bf16_supported = lambda including_emulation=True: (
         bf16 == "native" or (bf16 == "emulated" and including_emulation))
     for f in ("max_memory_allocated", "memory_allocated", "memory_reserved", "max_memory_reserved"):
