@@ -178,22 +178,25 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
     return model, tok, d
 
 # %% ../../nbs/62_tiny_gpt2.ipynb #5ff2c07f
-def _ratio_var(rows: list[tuple[float, int]]) -> float:
-    "n/(n-1) sum (y - R x)^2 over `(y, x)` rows, R = sum y / sum x; 0.0 for fewer than 2 rows."
+def _ratio_var(rows: list[tuple[float, int]], R: float) -> float:
+    "n/(n-1) sum (e - mean e)^2 over `(y, x)` rows, e = y - R x; 0.0 for fewer than 2 rows."
     if len(rows) < 2: return 0.0
-    R = sum(y for y, _ in rows) / sum(x for _, x in rows)
-    return len(rows) / (len(rows) - 1) * sum((y - R * x) ** 2 for y, x in rows)
+    e = [y - R * x for y, x in rows]
+    m = sum(e) / len(e)
+    return len(e) / (len(e) - 1) * sum((v - m) ** 2 for v in e)
 
 def bpb_stderr(report: BPBReport, subset: str | None = None) -> float:
     """Standard error over documents (bits per byte) of `report`'s BPB, or of subset `subset`'s:
     the ratio estimator (delta method) of summed NLL over summed bytes from `report.per_doc`,
-    documents drawn within their subsets (stratified: the subsets' variances add up). A subset of
-    one document adds 0. Raises `KeyError` for a subset the report does not have."""
+    documents drawn within their subsets: Cochran's combined ratio estimate (residuals about the
+    overall rate, centred and summed subset by subset). A subset of one document adds 0. Raises
+    `KeyError` for a subset the report does not have."""
     if subset is not None and subset not in report.subsets:
         raise KeyError(f"no subset {subset!r} in the report: one of {sorted(report.subsets)}")
     subs = sorted(report.subsets) if subset is None else [subset]
-    var = sum(_ratio_var([(y, x) for s, y, _, x in report.per_doc if s == k]) for k in subs)
     total = report.overall if subset is None else report.subsets[subset]
+    R = total.nll / total.bytes                                     # nats a byte
+    var = sum(_ratio_var([(y, x) for s, y, _, x in report.per_doc if s == k], R) for k in subs)
     return math.sqrt(var) / (total.bytes * LN2)
 
 def paired_bpb_difference(a: BPBReport, b: BPBReport,
