@@ -11,21 +11,22 @@ __all__ = ['check_window_stride', 'check_prefix_token', 'check_model_window', 'c
            'EMPTY_HASH', 'normalize_text', 'text_hash', 'exact_dedup', 'word_ngrams', 'exact_jaccard', 'shingle_hashes',
            'MinHasher', 'minhash_jaccard', 'lsh_params', 'near_duplicates', 'RemovalLog', 'COMPRESSORS', 'CODE_BYTES',
            'zstd_code_bytes', 'code_bytes', 'compressor_bpb', 'zstd_dict_bpb', 'by_subset', 'compressor_table',
-           'MAX_WINDOW_SIZE', 'frame_dict_id', 'first_frame_dict_id', 'as_zstd_dict', 'TEXT_SUFFIXES', 'SHARD_SUFFIXES',
-           'check_zstd_dict', 'skipped_files_note', 'zstd_dict_problem', 'load_corpus', 'write_jsonl_zst',
-           'PileFormatError', 'CorruptStreamError', 'ZstdDictionaryError', 'ReadStats', 'read_jsonl_zst',
-           'format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile', 'mini_pile', 'EOT',
-           'EVAL_POINTS', 'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'eval_steps',
-           'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2', 'read_hf_lm', 'load_local_lm', 'GOPHER_RULES',
-           'GOPHER_STOP_WORDS', 'BULLETS', 'gopher_stats', 'gopher_reasons', 'ngram_set', 'Decontaminator',
-           'MINHASH_CONFIG', 'doc_from_record', 'pile_record', 'subset_of', 'is_pile_shard', 'PileReader',
-           'RemovalWriter', 'SubsetFilter', 'GopherRulesFilter', 'eval_texts', 'DecontaminationFilter',
-           'TextHashSignature', 'ExactDedupFind', 'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer',
-           'FILTERS', 'DEDUPS', 'STEPS', 'SETTINGS_VERSION', 'Stage', 'clean_pipeline', 'run_pipeline',
-           'clean_settings', 'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean',
-           'detect_language', 'LanguageIdFilter', 'EMAIL', 'IPV4', 'PHONE', 'PII_TOKENS', 'mask_emails', 'mask_ips',
-           'mask_phone_numbers', 'mask_pii', 'PIIMasker', 'C4_END', 'C4_POLICY', 'CITATION', 'SENTENCE_END', 'c4_clean',
-           'C4LineFilter', 'word_spans', 'gpt3_decontaminate', 'GPT3Decontamination']
+           'compressor_report', 'MAX_WINDOW_SIZE', 'frame_dict_id', 'first_frame_dict_id', 'as_zstd_dict',
+           'TEXT_SUFFIXES', 'SHARD_SUFFIXES', 'check_zstd_dict', 'skipped_files_note', 'zstd_dict_problem',
+           'load_corpus', 'write_jsonl_zst', 'PileFormatError', 'CorruptStreamError', 'ZstdDictionaryError',
+           'ReadStats', 'read_jsonl_zst', 'format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_pile',
+           'mini_pile', 'EOT', 'EVAL_POINTS', 'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks',
+           'eval_steps', 'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2', 'bpb_stderr', 'paired_bpb_difference',
+           'non_embedding_params', 'read_hf_lm', 'load_local_lm', 'GOPHER_RULES', 'GOPHER_STOP_WORDS', 'BULLETS',
+           'gopher_stats', 'gopher_reasons', 'ngram_set', 'Decontaminator', 'MINHASH_CONFIG', 'doc_from_record',
+           'pile_record', 'subset_of', 'is_pile_shard', 'PileReader', 'RemovalWriter', 'SubsetFilter',
+           'GopherRulesFilter', 'eval_texts', 'DecontaminationFilter', 'TextHashSignature', 'ExactDedupFind',
+           'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer', 'FILTERS', 'DEDUPS', 'STEPS',
+           'SETTINGS_VERSION', 'Stage', 'clean_pipeline', 'run_pipeline', 'clean_settings', 'check_clean_args',
+           'CleanReport', 'read_removals', 'clean_report', 'run_clean', 'detect_language', 'LanguageIdFilter', 'EMAIL',
+           'IPV4', 'PHONE', 'PII_TOKENS', 'mask_emails', 'mask_ips', 'mask_phone_numbers', 'mask_pii', 'PIIMasker',
+           'C4_END', 'C4_POLICY', 'CITATION', 'SENTENCE_END', 'c4_clean', 'C4LineFilter', 'word_spans',
+           'gpt3_decontaminate', 'GPT3Decontamination']
 
 # %% ../../nbs/69z_pile_api.ipynb #561ecfc4
 from .checks import (
@@ -62,9 +63,9 @@ _all_ = ['MERSENNE_PRIME', 'EMPTY_HASH', 'normalize_text', 'text_hash', 'exact_d
 # %% ../../nbs/69z_pile_api.ipynb #88d0185a
 from .compressors import (
     COMPRESSORS, CODE_BYTES, zstd_code_bytes, code_bytes, compressor_bpb, zstd_dict_bpb,
-    by_subset, compressor_table)
+    by_subset, compressor_table, compressor_report)
 _all_ = ['COMPRESSORS', 'CODE_BYTES', 'zstd_code_bytes', 'code_bytes', 'compressor_bpb',
-         'zstd_dict_bpb', 'by_subset', 'compressor_table']
+         'zstd_dict_bpb', 'by_subset', 'compressor_table', 'compressor_report']
 
 # %% ../../nbs/69z_pile_api.ipynb #0b95948b
 from .zstd_stream import (
@@ -93,9 +94,11 @@ _all_ = ['format_table', 'mini_pile_sources', 'mini_pile_records', 'build_mini_p
 # %% ../../nbs/69z_pile_api.ipynb #bef3b567
 from .lm import (
     EOT, EVAL_POINTS, EVAL_DOCS, train_bpe_tokenizer, TinyGPTConfig, token_blocks, eval_steps,
-    eval_documents, train_tiny_gpt2, tiny_gpt2)
+    eval_documents, train_tiny_gpt2, tiny_gpt2, bpb_stderr, paired_bpb_difference,
+    non_embedding_params)
 _all_ = ['EOT', 'EVAL_POINTS', 'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks',
-         'eval_steps', 'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2']
+         'eval_steps', 'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2', 'bpb_stderr',
+         'paired_bpb_difference', 'non_embedding_params']
 
 # %% ../../nbs/69z_pile_api.ipynb #59930ba1
 from .lm_files import read_hf_lm, load_local_lm

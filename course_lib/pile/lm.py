@@ -13,13 +13,15 @@ import torch
 
 from ..core.basics import (
     restore_pretrained, grad_enabled, cache_dir, seed_everything, get_device)
+from .bits_per_byte import LN2, BPBReport
 from .checks import check_token_count, check_vocab_size
 from .jsonl_zst import read_jsonl_zst
 from .mini import mini_pile
 
 # %% auto #0
 __all__ = ['EOT', 'EVAL_POINTS', 'EVAL_DOCS', 'train_bpe_tokenizer', 'TinyGPTConfig', 'token_blocks', 'eval_steps',
-           'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2']
+           'eval_documents', 'train_tiny_gpt2', 'tiny_gpt2', 'bpb_stderr', 'paired_bpb_difference',
+           'non_embedding_params']
 
 # %% ../../nbs/62_tiny_gpt2.ipynb #12c926c5
 EOT = "<|endoftext|>"
@@ -101,7 +103,6 @@ def _optimizer(model, cfg: TinyGPTConfig):
         * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
     return opt, sched
 
-
 # %% ../../nbs/62_tiny_gpt2.ipynb #3e5306e6
 @grad_enabled
 def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None,
@@ -143,7 +144,6 @@ def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), acce
     hist["cpu_seconds"] = time.process_time() - c0
     return acc.unwrap_model(model).eval(), tok, hist
 
-
 # %% ../../nbs/62_tiny_gpt2.ipynb #118aa6f5
 def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retrain: bool = False,
               device=None):
@@ -176,3 +176,53 @@ def tiny_gpt2(cfg: TinyGPTConfig = TinyGPTConfig(), progress: bool = False, retr
     model, tok = read_hf_lm(d, f"delete {d} (or call tiny_gpt2(retrain=True)) to train it again")
     model.eval().to(get_device(device))
     return model, tok, d
+
+# %% ../../nbs/62_tiny_gpt2.ipynb #5ff2c07f
+def _ratio_var(rows: list[tuple[float, int]], R: float) -> float:
+    "n/(n-1) sum (e - mean e)^2 over `(y, x)` rows, e = y - R x; 0.0 for fewer than 2 rows."
+    if len(rows) < 2: return 0.0
+    e = [y - R * x for y, x in rows]
+    m = sum(e) / len(e)
+    return len(e) / (len(e) - 1) * sum((v - m) ** 2 for v in e)
+
+def bpb_stderr(report: BPBReport, subset: str | None = None) -> float:
+    """Standard error over documents (bits per byte) of `report`'s BPB, or of subset `subset`'s:
+    the ratio estimator (delta method) of summed NLL over summed bytes from `report.per_doc`,
+    documents drawn within their subsets: Cochran's combined ratio estimate (residuals about the
+    overall rate, centred and summed subset by subset). A subset of one document adds 0. Raises
+    `KeyError` for a subset the report does not have."""
+    if subset is not None and subset not in report.subsets:
+        raise KeyError(f"no subset {subset!r} in the report: one of {sorted(report.subsets)}")
+    subs = sorted(report.subsets) if subset is None else [subset]
+    total = report.overall if subset is None else report.subsets[subset]
+    R = total.nll / total.bytes                                     # nats a byte
+    var = sum(_ratio_var([(y, x) for s, y, _, x in report.per_doc if s == k], R) for k in subs)
+    return math.sqrt(var) / (total.bytes * LN2)
+
+def paired_bpb_difference(a: BPBReport, b: BPBReport,
+                          subset: str | None = None) -> tuple[float, float]:
+    """`(BPB of a - BPB of b, its standard error)` in bits per byte, overall or on `subset`, for two
+    reports of the same documents in the same order (e.g. `bpb()` and `compressor_report`), paired
+    document by document: `bpb_stderr` of the documents' NLL differences. Raises `ValueError` when
+    the reports hold different documents (count, subset or bytes)."""
+    if [(s, x) for s, _, _, x in a.per_doc] != [(s, x) for s, _, _, x in b.per_doc]:
+        raise ValueError(f"the reports hold different documents ({len(a.per_doc)} and "
+                         f"{len(b.per_doc)}, or other subsets or bytes): pair the same documents")
+    rows = [(i, (ya - yb, 0)) for i, ((_, ya, _, _), (_, yb, _, _))
+            in enumerate(zip(a.per_doc, b.per_doc))]
+    d = BPBReport.from_rows(rows, [(s, x) for s, _, _, x in a.per_doc], 0, 0)
+    return (d.overall if subset is None else d.subsets[subset]).bpb, bpb_stderr(d, subset)
+
+# %% ../../nbs/62_tiny_gpt2.ipynb #7d4d69e7
+def non_embedding_params(model) -> int:
+    """N of Kaplan et al. 2020 (sec. 2.1) for a `transformers` GPT-2 (`GPT2LMHeadModel`): every
+    parameter (each tensor once) except the token embedding `wte`, the position embedding `wpe`
+    and the output embedding `lm_head`, tied to `wte` in GPT-2 (left out with it) and left out when
+    untied too. Biases and LayerNorm gains count (Kaplan's 12 n_layer d^2 drops them as small:
+    13 n_layer d + 2 d here). Raises `ValueError` for a model without `transformer.wpe`."""
+    wpe = getattr(getattr(model, "transformer", None), "wpe", None)
+    if wpe is None:
+        raise ValueError(f"{type(model).__name__} has no transformer.wpe: a GPT-2 model is needed")
+    emb = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings(), wpe)
+           if m is not None}
+    return sum(p.numel() for p in model.parameters() if id(p) not in emb)
