@@ -14,6 +14,10 @@ __all__ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', '
            'check_weights_file', 'why_unreadable', 'not_a_file_error', 'state_dict_problem', 'folder_problem',
            'check_weights_folder', 'Comparison', 'verdict']
 
+# %% ../../nbs/09z_core_api.ipynb #4ea42784
+import logging
+logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").setLevel(logging.ERROR)
+
 # %% ../../nbs/09z_core_api.ipynb #fd8ecdca
 from .basics import (
     seed_everything, seed_worker, get_device, CacheNotWritable, cache_dir, artifact_dir,
