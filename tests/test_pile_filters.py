@@ -155,6 +155,22 @@ def test_gpt3_drops_a_document_cut_into_more_than_ten_pieces():
     assert gpt3_decontaminate(TEST, decon) == []                   # nothing of 200 characters is left
 
 
+def test_gpt3_finds_the_same_hits_as_isin_with_many_eval_texts():
+    # the lookup is a binary search in the sorted evaluation hashes (np.isin sorted them every call):
+    # a document cut where np.isin finds a shared n-gram, and an empty evaluation set cuts nothing
+    import numpy as np
+    from course_lib.pile.clean import _ngram_hashes, _word_hashes
+    rng = np.random.default_rng(0)
+    vocab = [f"w{i}" for i in range(50)]
+    evals = [" ".join(rng.choice(vocab, 40)) for _ in range(30)] + [TEST]
+    decon = Decontaminator(evals, n=13)
+    for doc in [FILL * 4 + TEST + " " + FILL * 4, " ".join(rng.choice(vocab, 400)), FILL * 8]:
+        grams = _ngram_hashes(_word_hashes(word_spans(doc)[1]), 13)
+        hit = np.isin(grams, decon.grams).any()
+        assert (gpt3_decontaminate(doc, decon) != [doc]) == hit
+    assert gpt3_decontaminate(FILL * 4 + TEST, Decontaminator([], n=13)) == [FILL * 4 + TEST]
+
+
 def test_gpt3_step_yields_pieces_with_their_metadata():
     decon = Decontaminator([TEST], n=13)
     docs = [Document(text=FILL * 8 + TEST + ". " + FILL * 8, id="a", metadata={"meta": {"pile_set_name": "X"}}),

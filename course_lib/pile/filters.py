@@ -218,7 +218,9 @@ def gpt3_decontaminate(text: str, decon: Decontaminator, window: int = 200, min_
     spans, words = word_spans(text)
     if not words: return [text]
     grams = _ngram_hashes(_word_hashes(words), decon.n)
-    hit = np.flatnonzero(np.isin(grams, decon.grams))
+    if not len(decon.grams): return [text]
+    at = np.minimum(np.searchsorted(decon.grams, grams), len(decon.grams) - 1)  # grams: sorted
+    hit = np.flatnonzero(decon.grams[at] == grams)      # np.isin would sort decon.grams each call
     if not len(hit): return [text]
     last = min(decon.n, len(words)) - 1
     holes = sorted((max(0, spans[i][0] - window), min(len(text), spans[i + last][1] + window))
