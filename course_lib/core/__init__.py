@@ -17,6 +17,7 @@ __all__ = ['seed_everything', 'seed_worker', 'get_device', 'CacheNotWritable', '
 # %% ../../nbs/09z_core_api.ipynb #4ea42784
 import logging
 logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").setLevel(logging.ERROR)
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 # %% ../../nbs/09z_core_api.ipynb #fd8ecdca
 from .basics import (
