@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn", "flow-quick",
-          "flux-quick", "ddpm-mnist", "guided", "flow", "flux")
+          "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm")
 # the DDPM of real 28x28 MNIST (course_lib.data.mnist's 4,000 training digits): 687k parameters, attention at 7x7,
 # 2,500 steps at batch 128 (80 epochs), about an hour on 2 CPU cores
 DDPM_MNIST = dict(image_size=28, block_out_channels=(16, 32, 64), attention=(False, False, True), norm_num_groups=8,
@@ -118,6 +118,23 @@ def train(kind: str) -> list[dict]:
         loss = json.loads((d / "course_lib.json").read_text())["loss"]
         return [dict(path=d, config=GPT2, call=f"tiny_gpt2(TinyGPTConfig(**{GPT2}))",
                      figures={"final_loss_nats": sum(loss[-20:]) / len(loss[-20:])})]
+    if kind == "clean-lm":               # nbs/62a_pile_cleaning.ipynb's full profile: 2 training sets x 3 seeds
+        from course_lib.pile.experiment import CleanExperimentConfig, clean_experiment_model, experiment_sets
+        cfg = CleanExperimentConfig()
+        sets, out = experiment_sets(cfg), []
+        for seed in cfg.seeds:           # seed by seed: a stopped run still leaves pairs
+            for name in ("raw", "cleaned"):
+                t0 = time.time()
+                _, _, d = clean_experiment_model(name, seed, cfg, sets=sets)
+                info = json.loads((d / "course_lib.json").read_text())
+                print(f"clean-lm: {name} seed {seed} in {time.time() - t0:.0f} s", flush=True)
+                out.append(dict(path=d, config={**asdict(cfg), "set": name, "seed": seed},
+                                call=f"clean_experiment_model({name!r}, {seed}, CleanExperimentConfig())",
+                                data=f"experiment_sets(CleanExperimentConfig()).texts[{name!r}], sha256 "
+                                     + info["texts_sha256"],
+                                figures={"final_loss_nats": sum(info["loss"][-20:]) / 20,
+                                         "cpu_seconds": info["cpu_seconds"]}))
+        return out
     raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
 
 
@@ -156,6 +173,11 @@ def cache_path(kind: str, config: dict) -> str:
     if kind == "gpt2":
         from course_lib.pile import TinyGPTConfig
         return f"pile/tiny-gpt2-{TinyGPTConfig(**config).key()}"
+    if kind == "clean-lm":
+        from course_lib.pile.experiment import CleanExperimentConfig
+        cfg = CleanExperimentConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()
+                                       if k not in ("set", "seed")})
+        return f"pile/clean-lm/{config['set']}-seed{config['seed']}-{cfg.key()}"
     raise ValueError(f"unknown model kind {kind!r}; choose from {MODELS}")
 
 
@@ -164,7 +186,8 @@ FLUX_TRAINER = ("course_lib.flux.train", "train_flux_mini")
 TRAINERS = {"classifier": ("course_lib.ddpm.classifier", "train_digits_classifier"),
             **dict.fromkeys(("ddpm", "base", "ddpm-quick", "base-quick", "ddpm-mnist", "guided"), DDPM_TRAINER),
             "flow": FLOW_TRAINER, "flow-quick": FLOW_TRAINER, "flux": FLUX_TRAINER, "flux-quick": FLUX_TRAINER,
-            "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"), "ncsn": ("course_lib.score.ncsn", "train_ncsn")}
+            "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"),
+            "clean-lm": ("course_lib.pile.experiment", "clean_experiment_model"), "ncsn": ("course_lib.score.ncsn", "train_ncsn")}
 
 
 def trainer_fingerprint(kind: str) -> str | None:

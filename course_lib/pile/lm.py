@@ -107,17 +107,19 @@ def _optimizer(model, cfg: TinyGPTConfig):
 @grad_enabled
 def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None,
                     progress: bool = False, eval_docs: list[dict] | None = None,
-                    eval_points: int = EVAL_POINTS):
+                    eval_points: int = EVAL_POINTS, tokenizer=None):
     """A byte-level BPE tokenizer and a `GPT2LMHeadModel` (cfg sizes) trained on `texts`, through
     `accelerate` (CPU, GPU or processes): `(model, tokenizer, history)`, `history` with the per-step
-    NLL (nats) `loss`, `cpu_seconds`, and `eval`: BPB of `eval_docs` at `eval_steps`."""
+    NLL (nats) `loss`, `cpu_seconds`, and `eval`: BPB of `eval_docs` at `eval_steps`. `tokenizer`:
+    one fitted elsewhere (`train_bpe_tokenizer`), used as it is instead of fitting one on `texts`
+    (the model's vocabulary is then `len(tokenizer)`, whatever `cfg.vocab_size` says)."""
     import time
     from accelerate import Accelerator
     from tqdm.auto import tqdm
     from transformers import GPT2Config, GPT2LMHeadModel
     from course_lib.pile.bits_per_byte import bpb
     g = seed_everything(cfg.seed)
-    tok = train_bpe_tokenizer(texts, cfg.vocab_size)
+    tok = tokenizer if tokenizer is not None else train_bpe_tokenizer(texts, cfg.vocab_size)
     data = token_blocks(tok, texts, cfg.n_positions)                               # (N, T + 1)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=cfg.n_positions,
         n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head, bos_token_id=tok.bos_token_id,
