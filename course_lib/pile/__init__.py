@@ -23,10 +23,12 @@ __all__ = ['check_window_stride', 'check_prefix_token', 'check_model_window', 'c
            'GopherRulesFilter', 'eval_texts', 'DecontaminationFilter', 'TextHashSignature', 'ExactDedupFind',
            'ExactDedupFilter', 'PileWriter', 'WhitespaceWordTokenizer', 'FILTERS', 'DEDUPS', 'STEPS',
            'SETTINGS_VERSION', 'Stage', 'clean_pipeline', 'run_pipeline', 'clean_settings', 'check_clean_args',
-           'CleanReport', 'read_removals', 'clean_report', 'run_clean', 'detect_language', 'LanguageIdFilter', 'EMAIL',
-           'IPV4', 'PHONE', 'PII_TOKENS', 'mask_emails', 'mask_ips', 'mask_phone_numbers', 'mask_pii', 'PIIMasker',
-           'C4_END', 'C4_POLICY', 'CITATION', 'SENTENCE_END', 'c4_clean', 'C4LineFilter', 'word_spans',
-           'gpt3_decontaminate', 'GPT3Decontamination']
+           'CleanReport', 'read_removals', 'clean_report', 'run_clean', 'CleanExperimentConfig', 'cleaning_removals',
+           'ExperimentSets', 'experiment_sets', 'experiment_tokenizer', 'clean_experiment_model', 'mean_report',
+           'seeds_bpb', 'seeds_difference', 'detect_language', 'LanguageIdFilter', 'EMAIL', 'IPV4', 'PHONE',
+           'PII_TOKENS', 'mask_emails', 'mask_ips', 'mask_phone_numbers', 'mask_pii', 'PIIMasker', 'C4_END',
+           'C4_POLICY', 'CITATION', 'SENTENCE_END', 'c4_clean', 'C4LineFilter', 'word_spans', 'gpt3_decontaminate',
+           'GPT3Decontamination']
 
 # %% ../../nbs/69z_pile_api.ipynb #561ecfc4
 from .checks import (
@@ -136,6 +138,16 @@ _all_ = ['MINHASH_CONFIG', 'doc_from_record', 'pile_record', 'subset_of', 'is_pi
          'check_clean_args', 'CleanReport', 'read_removals', 'clean_report', 'run_clean']
 
 
+# %% ../../nbs/69z_pile_api.ipynb #87d727ae
+_LAZY.update({k: "experiment" for k in (     # notebook 69f: lesson 62a's experiment
+    "CleanExperimentConfig", "cleaning_removals", "ExperimentSets", "experiment_sets",
+    "experiment_tokenizer", "clean_experiment_model", "mean_report", "seeds_bpb",
+    "seeds_difference")})
+_all_ = ['CleanExperimentConfig', 'cleaning_removals', 'ExperimentSets', 'experiment_sets',
+         'experiment_tokenizer', 'clean_experiment_model', 'mean_report', 'seeds_bpb',
+         'seeds_difference']
+
+
 # %% ../../nbs/69z_pile_api.ipynb #5e7f0a13
 _LAZY.update({k: "filters" for k in (          # notebook 69e: language ID, PII, C4, GPT-3
     "detect_language", "LanguageIdFilter", "EMAIL", "IPV4", "PHONE", "PII_TOKENS", "mask_emails",
@@ -148,9 +160,9 @@ _all_ = ['detect_language', 'LanguageIdFilter', 'EMAIL', 'IPV4', 'PHONE', 'PII_T
          'gpt3_decontaminate', 'GPT3Decontamination']
 
 def __getattr__(name: str):
-    """The first use of a name of `pile.steps`, `pile.pipeline` or `pile.filters` imports it. Raises
-    `ModuleNotFoundError` naming the `pile` extra when datatrove or datasketch is missing, and
-    `AttributeError` for any other name."""
+    """The first use of a name of `pile.steps`, `pile.pipeline`, `pile.filters` or `pile.experiment`
+    imports it. Raises `ModuleNotFoundError` naming the `pile` extra when datatrove or datasketch
+    is missing, and `AttributeError` for any other name."""
     if name not in _LAZY:
         raise AttributeError(f"module 'course_lib.pile' has no attribute {name!r}")
     try:

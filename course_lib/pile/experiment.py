@@ -42,7 +42,7 @@ class CleanExperimentConfig:
     n_embd: int = 128
     n_layer: int = 4
     n_head: int = 4
-    steps: int = 1000
+    steps: int = 2000
     batch_size: int = 12
     lr: float = 5e-3
     warmup: int = 50
