@@ -4,7 +4,7 @@
 
 # %% ../../nbs/69f_pile_experiment.ipynb #69bc9dec
 from __future__ import annotations
-import hashlib, json, math, os, shutil, tempfile
+import hashlib, json, math, os, shutil, tempfile, warnings
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
@@ -131,8 +131,10 @@ def clean_experiment_model(name: str, seed: int, cfg: CleanExperimentConfig = Cl
     """`(model, tokenizer, directory)`: the small GPT-2 of training set `name` ('raw' or 'cleaned')
     and `seed` (one of `cfg.seeds`), from the course cache, a shipped copy, or trained (float16
     files, written atomically under a lock). `sets`: the `experiment_sets(cfg)` already built (built
-    when needed). Raises `ValueError` for an unknown `name` or `seed`, and when `sets` is given
-    and the model was trained on other texts (the digest in its `course_lib.json`)."""
+    when needed). Raises `ValueError` for an unknown `name` or `seed`. Warns (`UserWarning`) when
+    `sets` is given and the model was trained on other texts (the digest in its `course_lib.json`):
+    the mini-Pile is built from what is installed, so a shipped model's texts can differ from this
+    machine's; delete the directory to train on these."""
     from course_lib.core.cache import cache_lock, check_cached, code_fingerprint, record_cached
     from course_lib.pile.lm_files import read_hf_lm
     if name not in ("raw", "cleaned"):
@@ -158,8 +160,8 @@ def clean_experiment_model(name: str, seed: int, cfg: CleanExperimentConfig = Cl
             check_cached(d, key, code, f"delete {d} to train it again")
     info = json.loads((d / "course_lib.json").read_text())
     if sets is not None and info["texts_sha256"] != sets.digest(name):
-        raise ValueError(f"{d} was trained on other texts than experiment_sets' {name!r} set "
-                         "(another corpus or cleaning code): delete it to train it again")
+        warnings.warn(f"{d} was trained on other texts than this machine's {name!r} set (the "
+                      "mini-Pile is built from what is installed): delete it to train on these")
     model, tok = read_hf_lm(d, f"delete {d} to train it again")
     return model.eval().to(get_device(device)), tok, d
 
