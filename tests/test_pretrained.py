@@ -9,6 +9,7 @@ import torch
 import course_lib.ddpm.classifier, course_lib.ddpm.training, course_lib.score.ncsn, course_lib.pile.lm, course_lib.vision.transfer
 import course_lib.ddpm.schedulers, course_lib.lora.train   # imported before a test patches a trainer (they bind its names)
 import course_lib.flux.flow, course_lib.flux.mini, course_lib.flux.flow_training, course_lib.flux.train
+import course_lib.pile.experiment
 from course_lib.core import cache_dir, pretrained_dir, restore_pretrained
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,12 +25,13 @@ def sha256(p: Path) -> str:
 
 def test_every_lesson_model_ships():
     assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn",
-                     "flow-quick", "flux-quick", "ddpm-mnist", "guided", "flow", "flux"}, KINDS
+                     "flow-quick", "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm"}, KINDS
     # the package stays small enough for a wheel (PyPI's limit is 100 MB): measured 36.5 MB for the ten models,
     # 40.4 MB with unit 7's quick flow model and FLUX-mini (which lessons 71-73 trained in CI, three minutes under
     # the device probe), 43.2 MB with the MNIST DDPM (2.8 MB; 96 minutes of training on 2 shared CPU cores), and
-    # 55.0 MB with unit 7's full-profile models (the course's full profile within its hour)
-    assert 0 < PROV["total_bytes"] < 60e6
+    # 55.0 MB with unit 7's full-profile models (the course's full profile within its hour), 69.1 MB with lesson
+    # 62a's six language models (14 MB in float16; about 16 minutes each on one CPU core)
+    assert 0 < PROV["total_bytes"] < 75e6
 
 
 @pytest.mark.parametrize("rel", sorted(PROV["models"]))
@@ -52,7 +54,7 @@ def empty_cache(tmp_path, monkeypatch):
     for mod, name in [(course_lib.ddpm.training, "train_ddpm"), (course_lib.ddpm.classifier, "train_digits_classifier"),
                       (course_lib.vision.transfer, "finetune"), (course_lib.pile.lm, "train_tiny_gpt2"),
                       (course_lib.score.ncsn, "train_ncsn"), (course_lib.flux.flow_training, "train_flow"),
-                      (course_lib.flux.train, "train_flux_mini")]:
+                      (course_lib.flux.train, "train_flux_mini"), (course_lib.pile.experiment, "train_tiny_gpt2")]:
         monkeypatch.setattr(mod, name, no_training)
     return tmp_path / "home"
 
@@ -97,6 +99,13 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     gpt2 = [m for m in PROV["models"].values() if m["kind"] == "gpt2"][0]
     model, tok, d = tiny_gpt2(TinyGPTConfig(**gpt2["config"]))
     assert model.config.n_positions == gpt2["config"]["n_positions"] and len(tok) > 256
+    from course_lib.pile.experiment import CleanExperimentConfig, clean_experiment_model
+    cfg = CleanExperimentConfig()                                                            # lesson 62a, full
+    for name in ("raw", "cleaned"):
+        for seed in cfg.seeds:
+            model, tok, d = clean_experiment_model(name, seed, cfg)
+            info = json.loads((d / "course_lib.json").read_text())
+            assert (info["set"], info["seed"], len(tok), len(info["loss"])) == (name, seed, cfg.vocab_size, cfg.steps)
 
 
 def test_no_shipped_model_when_turned_off(empty_cache, monkeypatch):
