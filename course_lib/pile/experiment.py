@@ -27,8 +27,8 @@ __all__ = ['CleanExperimentConfig', 'cleaning_removals', 'ExperimentSets', 'expe
 @dataclass(frozen=True)
 class CleanExperimentConfig:
     """Lesson 62a's experiment: the mini-Pile (`max_mb_per_subset`), the cleaning (word `n_gram`
-    shingles and `bands` x `rows` MinHash LSH with `minhash_seed`; Gopher's rules on
-    `gopher_subsets`; GPT-3's decontamination with `decont_n`-grams), the small GPT-2 (sizes as
+    shingles and `bands` x `rows` MinHash LSH with `minhash_seed`, Gopher's rules on
+    `gopher_subsets`, GPT-3's decontamination with `decont_n`-grams), the small GPT-2 (sizes as
     `TinyGPTConfig`) and `seeds`, one model a seed and training set."""
     max_mb_per_subset: float = 2.0
     n_gram: int = 5
@@ -50,7 +50,6 @@ class CleanExperimentConfig:
     seeds: tuple = (0, 1, 2)
 
     code_version = 1   # raised when what a config trains changes (not a field)
-
     def __post_init__(self):
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds!r}")
@@ -103,7 +102,7 @@ class ExperimentSets:
 
 def experiment_sets(cfg: CleanExperimentConfig = CleanExperimentConfig()) -> ExperimentSets:
     """The training sets of lesson 62a's experiment on `mini_pile(cfg.max_mb_per_subset)` (see
-    `ExperimentSets`); the same every call. No text of `texts` shares a `cfg.decont_n`-gram with
+    `ExperimentSets`), the same every call. No text of `texts` shares a `cfg.decont_n`-gram with
     the validation or test split."""
     paths = mini_pile(cfg.max_mb_per_subset)
     train, val, test = (list(read_jsonl_zst(paths[s])) for s in ("train", "val", "test"))
@@ -125,8 +124,24 @@ def experiment_tokenizer(cfg: CleanExperimentConfig, sets: ExperimentSets):
 def _model_dir(name: str, seed: int, cfg: CleanExperimentConfig):
     return cache_dir("pile", "clean-lm") / f"{name}-seed{seed}-{cfg.key()}"
 
+# %% ../../nbs/69f_pile_experiment.ipynb #0193d109
+def _train_into(d, name, seed, cfg, sets, progress) -> None:
+    "Train the model of `name` and `seed`, then write it to the folder `d` (float16, atomically)."
+    model, tok, hist = train_tiny_gpt2(sets.texts[name], cfg.lm(seed), progress=progress,
+                                       tokenizer=experiment_tokenizer(cfg, sets))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}-", dir=d.parent))
+    model.half().save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    info = {"config": asdict(cfg), "set": name, "seed": seed, "texts_sha256": sets.digest(name),
+            **hist}
+    (tmp / "course_lib.json").write_text(json.dumps(info))
+    if d.exists(): shutil.rmtree(d)
+    os.replace(tmp, d)
+
+
 # %% ../../nbs/69f_pile_experiment.ipynb #ce0adbd4
-def clean_experiment_model(name: str, seed: int, cfg: CleanExperimentConfig = CleanExperimentConfig(),
+def clean_experiment_model(name: str, seed: int,
+                           cfg: CleanExperimentConfig = CleanExperimentConfig(),
                            sets: ExperimentSets | None = None, progress: bool = False, device=None):
     """`(model, tokenizer, directory)`: the small GPT-2 of training set `name` ('raw' or 'cleaned')
     and `seed` (one of `cfg.seeds`), from the course cache, a shipped copy, or trained (float16
@@ -134,7 +149,7 @@ def clean_experiment_model(name: str, seed: int, cfg: CleanExperimentConfig = Cl
     when needed). Raises `ValueError` for an unknown `name` or `seed`. Warns (`UserWarning`) when
     `sets` is given and the model was trained on other texts (the digest in its `course_lib.json`):
     the mini-Pile is built from what is installed, so a shipped model's texts can differ from this
-    machine's; delete the directory to train on these."""
+    machine's. Delete the directory to train on these."""
     from course_lib.core.cache import cache_lock, check_cached, code_fingerprint, record_cached
     from course_lib.pile.lm_files import read_hf_lm
     if name not in ("raw", "cleaned"):
@@ -144,17 +159,7 @@ def clean_experiment_model(name: str, seed: int, cfg: CleanExperimentConfig = Cl
     with cache_lock(d):
         restore_pretrained(d)
         if not (d / "config.json").is_file():
-            sets = sets or experiment_sets(cfg)
-            model, tok, hist = train_tiny_gpt2(sets.texts[name], cfg.lm(seed), progress=progress,
-                                               tokenizer=experiment_tokenizer(cfg, sets))
-            tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}-", dir=d.parent))
-            model.half().save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            info = {"config": asdict(cfg), "set": name, "seed": seed,
-                    "texts_sha256": sets.digest(name), **hist}
-            (tmp / "course_lib.json").write_text(json.dumps(info))
-            if d.exists(): shutil.rmtree(d)
-            os.replace(tmp, d)
+            _train_into(d, name, seed, cfg, sets or experiment_sets(cfg), progress)
             record_cached(d, key, code, source="trained")
         else:
             check_cached(d, key, code, f"delete {d} to train it again")
@@ -193,7 +198,8 @@ def _keep(report: BPBReport, keep) -> BPBReport:
                                report.stride)
 
 # %% ../../nbs/69f_pile_experiment.ipynb #7a035b6f
-def seeds_bpb(reports: list[BPBReport], subset: str | None = None, keep=None) -> tuple[float, float]:
+def seeds_bpb(reports: list[BPBReport], subset: str | None = None,
+              keep=None) -> tuple[float, float]:
     """`(BPB, standard error)` in bits per byte of one training set's models (`reports`, one a
     seed, of the same documents), overall or on `subset`, on the documents where `keep` (a list
     of bools) is True: the BPB of `mean_report`, and the quadrature sum of its standard error over
@@ -207,7 +213,7 @@ def seeds_bpb(reports: list[BPBReport], subset: str | None = None, keep=None) ->
 def seeds_difference(a: list[BPBReport], b: list[BPBReport], subset: str | None = None,
                      keep=None) -> tuple[float, float]:
     """`(BPB of a - BPB of b, standard error)`: two training sets' models, `a[s]` paired with
-    `b[s]` (the same seed), all scoring the same documents; the difference of the mean reports,
+    `b[s]` (the same seed), all scoring the same documents: the difference of the mean reports,
     its paired standard error over documents (`paired_bpb_difference`) and the seeds' (stdev of
     the per-seed differences / sqrt(seeds)) in quadrature. Raises `ValueError` for lists of
     different lengths."""

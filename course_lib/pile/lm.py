@@ -108,11 +108,9 @@ def _optimizer(model, cfg: TinyGPTConfig):
 def train_tiny_gpt2(texts: list[str], cfg: TinyGPTConfig = TinyGPTConfig(), accelerator=None,
                     progress: bool = False, eval_docs: list[dict] | None = None,
                     eval_points: int = EVAL_POINTS, tokenizer=None):
-    """A byte-level BPE tokenizer and a `GPT2LMHeadModel` (cfg sizes) trained on `texts`, through
-    `accelerate` (CPU, GPU or processes): `(model, tokenizer, history)`, `history` with the per-step
-    NLL (nats) `loss`, `cpu_seconds`, and `eval`: BPB of `eval_docs` at `eval_steps`. `tokenizer`:
-    one fitted elsewhere (`train_bpe_tokenizer`), used as it is instead of fitting one on `texts`
-    (the model's vocabulary is then `len(tokenizer)`, whatever `cfg.vocab_size` says)."""
+    """`(model, tokenizer, history)`: a byte-level BPE tokenizer (or `tokenizer`, fitted elsewhere)
+    and a `GPT2LMHeadModel` (cfg sizes) trained on `texts` with `accelerate`. `history`: per-step
+    NLL (nats) `loss`, `cpu_seconds`, `eval` (BPB of `eval_docs` at `eval_steps`)."""
     import time
     from accelerate import Accelerator
     from tqdm.auto import tqdm
