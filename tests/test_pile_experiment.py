@@ -85,6 +85,8 @@ def test_mismatched_reports_are_refused():
         seeds_difference([_report(ROWS)], [_report(ROWS), _report(ROWS)])
     with pytest.raises(ValueError, match="at least one"):
         mean_report([])
+    with pytest.raises(ValueError, match="keep has 4 entries for 5 documents"):
+        seeds_bpb([_report(ROWS)], keep=[True] * 4)          # a mask of another split: not silently cut
 
 
 def test_config_refuses_repeated_seeds_and_gives_each_seed_its_model_config():

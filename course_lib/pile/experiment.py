@@ -4,7 +4,7 @@
 
 # %% ../../nbs/69f_pile_experiment.ipynb #69bc9dec
 from __future__ import annotations
-import hashlib, json, math, os, shutil, tempfile, warnings
+import hashlib, json, math, os, shutil, statistics, tempfile, warnings
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
@@ -185,14 +185,16 @@ def mean_report(reports: list[BPBReport]) -> BPBReport:
     return BPBReport.from_rows(rows, meta, reports[0].window, reports[0].stride)
 
 def _seed_se(values: list[float]) -> float:
-    n = len(values)
-    if n < 2: return 0.0
-    m = sum(values) / n
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1) / n)
+    "The standard error of the mean of `values` (one a seed): stdev / sqrt(n), 0.0 for one seed."
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
 
 def _keep(report: BPBReport, keep) -> BPBReport:
-    "The report of the documents where `keep` is True (all when None)."
+    """The report of the documents where `keep` is True (all when None). Raises `ValueError` when
+    `keep` does not have one entry a document."""
     if keep is None: return report
+    if len(keep) != len(report.per_doc):
+        raise ValueError(f"keep has {len(keep)} entries for {len(report.per_doc)} documents: one "
+                         "a document, in the report's order")
     rows = [(i, (nll, nt)) for i, ((_, nll, nt, _), k) in enumerate(zip(report.per_doc, keep)) if k]
     return BPBReport.from_rows(rows, [(s, x) for s, _, _, x in report.per_doc], report.window,
                                report.stride)
