@@ -25,7 +25,8 @@ def sha256(p: Path) -> str:
 
 def test_every_lesson_model_ships():
     assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn",
-                     "flow-quick", "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm"}, KINDS
+                     "flow-quick", "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm",
+                     "classifier-mnist"}, KINDS
     # the package stays small enough for a wheel (PyPI's limit is 100 MB): measured 36.5 MB for the ten models,
     # 40.4 MB with unit 7's quick flow model and FLUX-mini (which lessons 71-73 trained in CI, three minutes under
     # the device probe), 43.2 MB with the MNIST DDPM (2.8 MB; 96 minutes of training on 2 shared CPU cores), and
@@ -69,6 +70,9 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     clf = load_digits_classifier(config=ClassifierConfig())
     assert clf.valid_acc == pytest.approx(figures["classifier" + "load_digits_classifier(config=ClassifierConfig())"]
                                           ["valid_acc"])
+    judge = load_digits_classifier(config=ClassifierConfig.mnist())                          # MNIST's judge
+    assert judge.valid_acc == pytest.approx(
+        figures["classifier-mnist" + "load_digits_classifier(config=ClassifierConfig.mnist())"]["valid_acc"])
     for model in (load_pretrained_ddpm(DDPMConfig(), progress=False), load_base(base_config(), progress=False),
                   load_pretrained_ddpm(DDPMConfig.quick(), progress=False), load_base(base_config(100), progress=False)):
         assert model.history["loss"] and torch.isfinite(next(model.parameters())).all()
@@ -180,3 +184,29 @@ def test_shipped_records_name_the_current_training_code():
             f"{rel}: the training code ({m['kind']}) has changed since the shipped model was trained "
             f"(recorded {shipped}, now {code}): retrain it (tools/ship_pretrained.py --only {m['kind']}), "
             "or run `python tools/ship_pretrained.py --restamp` if the change trains the same model")
+
+
+def test_the_mnist_judge_reads_real_mnist_without_a_capped_confidence(empty_cache):
+    """The shipped MNIST judge (`ClassifierConfig.mnist()`, no label smoothing) on the 500 test digits, which neither
+    it nor the MNIST DDPM trained on: at least 97% right, and confident (max probability >= 0.9) on at least 90% of
+    them. An untrained `DigitsClassifier` (seed 0) fails both: 10% right, confident on none."""
+    from course_lib.data.mnist import MNIST
+    from course_lib.ddpm import ClassifierConfig, accuracy, judge_samples, load_digits_classifier
+    judge = load_digits_classifier(config=ClassifierConfig.mnist())
+    test = MNIST("test")
+    assert accuracy(judge, test) >= 0.97
+    assert judge_samples(test.images, judge)["confident_rate"] >= 0.9
+
+
+def test_judge_configs_name_their_data():
+    from course_lib.ddpm import ClassifierConfig, judge_data
+    with pytest.raises(ValueError, match="'cifar'"):
+        ClassifierConfig(data="cifar")
+    mnist, digits = ClassifierConfig.mnist(), ClassifierConfig()
+    assert (mnist.data, mnist.label_smoothing, ClassifierConfig.mnist(epochs=3).epochs) == ("mnist", 0.0, 3)
+    assert mnist.key() != digits.key() != ClassifierConfig(seed=1).key()
+    assert judge_data(mnist, "test").images.shape == (500, 1, 28, 28)
+    assert judge_data(digits, "train").images.shape[-1] == 16
+    # the 8x8 judge keeps the key it had before `data` existed: the name of its shipped file
+    rel = next(r for r, m in PROV["models"].items() if m["kind"] == "classifier")
+    assert Path(rel).stem == digits.key()

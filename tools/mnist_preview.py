@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""Does real 28x28 MNIST give unit 1's sampler table room to rank? The shipped MNIST DDPM, sampled and judged.
+"""Which ancestral step counts can unit 1's sampler table tell apart on real 28x28 MNIST? The shipped MNIST DDPM,
+sampled and measured.
 
-    python tools/mnist_preview.py [--n 256] [--steps 10 100 1000] [--out runs/mnist-preview]
+    python tools/mnist_preview.py [--n 128] [--steps 2 3 5 10 100 1000] [--out runs/mnist-preview]
 
 Loads the DDPM of `tools/ship_pretrained.py --only ddpm-mnist` (`DDPM_MNIST`, trained on the 4,000 training digits
-of `course_lib.data.mnist`), trains a judge of its own (the course's `DigitsClassifier` on the same training split,
-augmented, without label smoothing, so a confident rate of the real digits is not capped by the smoothing), and
+of `course_lib.data.mnist`) and the MNIST judge (`ClassifierConfig.mnist()`: the course's `DigitsClassifier` on the
+same training split, augmented, without label smoothing, so the real digits' confident rate is not capped), and
 samples `--n` images with the ancestral sampler (`make_scheduler('ancestral')`) at each of `--steps`, all from the
-same noise. For each, and for the held-out test digits: the judge's confident rate (max probability >= 0.9), the
-mean log-probability of its top class, the mean entropy, the largest class share and FID on the judge's
-features against the training digits (bootstrap standard error), each with its standard error; uniform noise
-as a row of its own (a classifier is confident on noise: its confident rate alone cannot catch a bad model); then
-the verdicts
-(`course_lib.core.compare.verdict`) of the fewest steps against the most and of the most against the real digits.
-Prints a table and writes `OUT/preview.json` and `OUT/samples.png`. The evidence behind moving lessons 11-13 to MNIST;
-not run by the tests. About 10 minutes on 2 idle cores at the defaults (most of it the 1000 steps)."""
+same noise. Every measure uses digits the DDPM never saw as its reference: the 500 test digits. For each setting,
+for `--n` real validation digits and for uniform noise: the judge's confident rate (max probability >= 0.9), the
+mean log-probability of its top class, the mean entropy (bits), the largest class share; on the judge's 128
+features against the test digits, FID (standard error by a bootstrap of the rows), the mean distance to the
+nearest test digit and precision (the share of images inside some test digit's 3-nearest-neighbour ball,
+Kynkaanniemi et al. 2019), each with its standard error. Then each setting against the most steps, by
+`course_lib.core.compare.verdict` on each measure (independent samples: the ancestral sampler draws fresh noise at
+every step, so sharing x_T pairs little). Prints a table and writes `OUT/preview.json` and `OUT/samples.png`.
+Not run by the tests. The 1000-step run is most of the time: about 5 minutes for 128 samples on 2 idle cores."""
 from __future__ import annotations
 
 import argparse, json, math, sys, time
@@ -22,27 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-
-
-def train_judge(epochs: int = 15, seed: int = 0):
-    "A `DigitsClassifier` trained on MNIST's training split (augmented; no label smoothing), and its test accuracy."
-    import torch
-    import torch.nn.functional as F
-    from course_lib.data.mnist import MNIST
-    from course_lib.ddpm.classifier import DigitsClassifier, accuracy, augment
-    torch.manual_seed(seed)
-    train, test = MNIST("train"), MNIST("test")
-    model, g = DigitsClassifier(), torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
-    steps = epochs * math.ceil(len(train) / 64)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, 3e-3, total_steps=steps)
-    model.train()
-    for _ in range(epochs):
-        for idx in torch.randperm(len(train), generator=g).split(64):
-            loss = F.cross_entropy(model(augment(train.images[idx], g)), train.labels[idx])
-            opt.zero_grad(); loss.backward(); opt.step(); sched.step()
-    model.eval()
-    return model, accuracy(model, test)
 
 
 def features(x, judge):
@@ -62,9 +43,24 @@ def fid_with_se(f, ref, boots: int = 20) -> tuple[float, float]:
     return float(fid_from_features(f, ref)), float(np.std(fids, ddof=1))
 
 
-def judged(x, judge, ref=None) -> dict:
-    """Confident rate, mean top-class log-probability, mean entropy (bits) and, given the training digits'
-    features `ref`, FID on the judge's features, of images `x`, each with its standard error."""
+def nn_measures(f, ref, k: int = 3) -> dict:
+    """Mean Euclidean distance from each row of `f` to its nearest row of `ref` (and its standard error), and
+    precision: the share of rows of `f` within the distance from some row of `ref` to that row's `k`-th nearest
+    neighbour in `ref` (Kynkaanniemi et al. 2019), with sqrt(p(1-p)/n)."""
+    import numpy as np
+    d = np.sqrt(((f[:, None, :] - ref[None, :, :]) ** 2).sum(-1))                 # (n, m)
+    dr = np.sqrt(((ref[:, None, :] - ref[None, :, :]) ** 2).sum(-1))
+    radius = np.sort(dr, 1)[:, k]                                                  # column 0 is the point itself
+    nearest, inside = d.min(1), (d <= radius[None, :]).any(1)
+    p = float(inside.mean())
+    return {"nn_distance": float(nearest.mean()), "nn_distance_se": float(nearest.std(ddof=1) / math.sqrt(len(f))),
+            "precision": p, "precision_se": math.sqrt(p * (1 - p) / len(f))}
+
+
+def judged(x, judge, ref) -> dict:
+    """Confident rate, mean top-class log-probability, mean entropy (bits), largest class share, and, against the
+    reference features `ref`, FID, nearest-neighbour distance and precision on the judge's features, of images `x`,
+    each with its standard error."""
     import torch
     import torch.nn.functional as F
     if x.dtype == torch.uint8: x = x.float() / 127.5 - 1
@@ -77,14 +73,19 @@ def judged(x, judge, ref=None) -> dict:
     out = {"n": len(x), "confident_rate": float(conf.mean()), "confident_rate_se": se(conf),
            "top_logp": float(top.mean()), "top_logp_se": se(top), "entropy": float(ent.mean()),
            "entropy_se": se(ent), "max_share": float(torch.bincount(logp.argmax(1), minlength=10).max() / len(x))}
-    if ref is not None: out["fid"], out["fid_se"] = fid_with_se(features(x, judge), ref)
-    return out
+    f = features(x, judge)
+    out["fid"], out["fid_se"] = fid_with_se(f, ref)
+    return {**out, **nn_measures(f, ref)}
+
+
+MEASURES = {"fid": False, "nn_distance": False, "precision": True, "entropy": False, "top_logp": True,
+            "confident_rate": True}   # measure: higher is better
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=256, help="samples per sampler setting")
-    p.add_argument("--steps", type=int, nargs="+", default=[10, 100, 1000])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p.add_argument("--n", type=int, default=128, help="samples per sampler setting")
+    p.add_argument("--steps", type=int, nargs="+", default=[2, 3, 5, 10, 100, 1000])
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "mnist-preview")
     a = p.parse_args(argv)
     import torch
@@ -98,36 +99,30 @@ def main(argv=None) -> int:
         sys.exit("the MNIST DDPM is neither shipped nor cached: COURSE_LIB_HOME=<scratch> python "
                  "tools/ship_pretrained.py --only ddpm-mnist")
     a.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    judge, acc = train_judge()
-    print(f"judge: test accuracy {acc:.4f} ({time.time() - t0:.0f} s)", flush=True)
+    from course_lib.ddpm import ClassifierConfig, accuracy, load_digits_classifier
+    judge = load_digits_classifier(config=ClassifierConfig.mnist())
+    acc = accuracy(judge, MNIST("test"))
+    print(f"judge: test accuracy {acc:.4f}", flush=True)
     model = load_pretrained_ddpm(cfg, dataset=data, progress=False)
-    ref = features(data.images, judge)
-    test = MNIST("test").images
-    rows = {"real test digits": judged(test[torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[:a.n]],
-                                       judge, ref),
+    ref = features(MNIST("test").images, judge)
+    valid = MNIST("valid").images                 # sorted by class: draw a random n
+    pick = torch.randperm(len(valid), generator=torch.Generator().manual_seed(0))[:a.n]
+    rows = {"real validation digits": judged(valid[pick], judge, ref),
             "uniform noise": judged(torch.rand(a.n, 1, 28, 28, generator=torch.Generator().manual_seed(0)) * 2 - 1,
                                     judge, ref)}
     shown = {}
-    for steps in a.steps:
+    for steps in sorted(a.steps):
         t1 = time.time()
         x, _ = sample(model, make_scheduler("ancestral", cfg), a.n, steps, generator=torch.Generator().manual_seed(0))
         rows[f"ancestral {steps} steps"] = {**judged(x, judge, ref), "seconds": round(time.time() - t1, 1)}
         shown[steps] = x[:32].float() / 255
-        print(f"ancestral {steps}: {rows[f'ancestral {steps} steps']}", flush=True)
-    lo, hi = f"ancestral {min(a.steps)} steps", f"ancestral {max(a.steps)} steps"
-    verdicts = {}
-    for key in ("confident_rate", "top_logp", "fid"):
-        better = key != "fid"
-        verdicts[f"{key}: fewest vs most steps"] = verdict(lo, rows[lo][key], rows[lo][key + "_se"],
-                                                           hi, rows[hi][key], rows[hi][key + "_se"],
-                                                           higher_is_better=better)
-        verdicts[f"{key}: most steps vs real"] = verdict(hi, rows[hi][key], rows[hi][key + "_se"], "real digits",
-                                                         rows["real test digits"][key],
-                                                         rows["real test digits"][key + "_se"],
-                                                         higher_is_better=better)
-    out = {"judge_test_accuracy": acc, "config": {k: list(v) if isinstance(v, tuple) else v
-                                                   for k, v in DDPM_MNIST.items()},
+        print(f"ancestral {steps} steps: {time.time() - t1:.0f} s", flush=True)
+    hi = f"ancestral {max(a.steps)} steps"
+    verdicts = {f"{key}: {name} vs {hi}": verdict(name, r[key], r[key + "_se"], hi, rows[hi][key], rows[hi][key + "_se"],
+                                                   higher_is_better=better)
+                for key, better in MEASURES.items() for name, r in rows.items() if name != hi}
+    out = {"judge_test_accuracy": acc, "n": a.n, "reference": "MNIST('test'): 500 digits the DDPM never saw",
+           "config": {k: list(v) if isinstance(v, tuple) else v for k, v in DDPM_MNIST.items()},
            "rows": rows, "verdicts": verdicts}
     (a.out / "preview.json").write_text(json.dumps(out, indent=1))
     import matplotlib; matplotlib.use("Agg")
@@ -137,14 +132,19 @@ def main(argv=None) -> int:
         ax.imshow(torch.cat(list(x[:, 0]), 1).numpy(), cmap="gray"); ax.set_axis_off()
         ax.set_title(f"ancestral, {steps} steps", fontsize=9)
     fig.savefig(a.out / "samples.png", dpi=100, bbox_inches="tight")
-    print(f"\n{'':<22}{'n':>6}{'confident':>18}{'top log p':>20}{'entropy (bits)':>20}{'max share':>11}"
-          f"{'FID (judge)':>20}")
+    cols = [("confident", "confident_rate", 3), ("top log p", "top_logp", 3), ("entropy", "entropy", 3),
+            ("FID", "fid", 1), ("NN distance", "nn_distance", 2), ("precision", "precision", 3)]
+    print(f"\n{'':<24}{'n':>5}" + "".join(f"{c:>18}" for c, _, _ in cols) + f"{'max share':>11}")
     for k, r in rows.items():
-        print(f"{k:<22}{r['n']:>6}{r['confident_rate']:>10.3f} ± {r['confident_rate_se']:.3f}"
-              f"{r['top_logp']:>12.3f} ± {r['top_logp_se']:.3f}{r['entropy']:>12.3f} ± {r['entropy_se']:.3f}"
-              f"{r['max_share']:>11.3f}{r['fid']:>12.2f} ± {r['fid_se']:.2f}")
-    print()
-    for k, v in verdicts.items(): print(f"{k}: {v}")
+        print(f"{k:<24}{r['n']:>5}" + "".join(f"{r[m]:>10.{d}f} ± {r[m + '_se']:<5.{d}f}" for _, m, d in cols)
+              + f"{r['max_share']:>11.3f}")
+    print(f"\nz of each row against {hi} (positive: the row is better; > 2 in size: the run separates them)")
+    print(f"{'':<24}" + "".join(f"{c:>13}" for c, _, _ in cols))
+    for k, r in rows.items():
+        if k == hi: continue
+        zs = [(r[m] - rows[hi][m]) / math.hypot(r[m + "_se"], rows[hi][m + "_se"]) * (1 if MEASURES[m] else -1)
+              for _, m, _ in cols]
+        print(f"{k:<24}" + "".join(f"{z:>13.1f}" for z in zs))
     print(f"\nwritten {a.out / 'preview.json'} and {a.out / 'samples.png'}")
     return 0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn", "flow-quick",
-          "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm")
+          "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm", "classifier-mnist")
 # the DDPM of real 28x28 MNIST (course_lib.data.mnist's 4,000 training digits): 687k parameters, attention at 7x7,
 # 2,500 steps at batch 128 (80 epochs), about an hour on 2 CPU cores
 DDPM_MNIST = dict(image_size=28, block_out_channels=(16, 32, 64), attention=(False, False, True), norm_num_groups=8,
@@ -33,13 +33,14 @@ GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128,
 def train(kind: str) -> list[dict]:
     "Load (training on a cache miss) one kind of model; returns its artefacts: path, config, figures."
     from course_lib.core import cache_dir, load_checkpoint
-    if kind == "classifier":
+    if kind in ("classifier", "classifier-mnist"):             # the 8x8 digits' judge, MNIST's
         from course_lib.ddpm import ClassifierConfig, load_digits_classifier
-        cfg = ClassifierConfig()
+        cfg, call = {"classifier": (ClassifierConfig(), "ClassifierConfig()"),
+                     "classifier-mnist": (ClassifierConfig.mnist(), "ClassifierConfig.mnist()")}[kind]
         m = load_digits_classifier(config=cfg)
         path = cache_dir("models", "digits_classifier") / f"{cfg.key()}.safetensors"
         return [dict(path=path, config=cfg.__dict__, figures={"valid_acc": m.valid_acc},
-                     call="load_digits_classifier(config=ClassifierConfig())")]
+                     call=f"load_digits_classifier(config={call})")]
     if kind == "ddpm-mnist":
         from course_lib.data.mnist import MNIST
         from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
@@ -141,7 +142,7 @@ def train(kind: str) -> list[dict]:
 def cache_path(kind: str, config: dict) -> str:
     "Where the current library's loader looks for the model `kind` with the provenance `config` (cache-relative)."
     from course_lib.core import cache_key
-    if kind == "classifier":
+    if kind in ("classifier", "classifier-mnist"):
         from course_lib.ddpm import ClassifierConfig
         return f"models/digits_classifier/{ClassifierConfig(**config).key()}.safetensors"
     if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):
@@ -183,7 +184,8 @@ def cache_path(kind: str, config: dict) -> str:
 
 DDPM_TRAINER, FLOW_TRAINER = ("course_lib.ddpm.training", "train_ddpm"), ("course_lib.flux.flow_training", "train_flow")
 FLUX_TRAINER = ("course_lib.flux.train", "train_flux_mini")
-TRAINERS = {"classifier": ("course_lib.ddpm.classifier", "train_digits_classifier"),
+JUDGE_TRAINER = ("course_lib.ddpm.classifier", "train_digits_classifier")
+TRAINERS = {**dict.fromkeys(("classifier", "classifier-mnist"), JUDGE_TRAINER),
             **dict.fromkeys(("ddpm", "base", "ddpm-quick", "base-quick", "ddpm-mnist", "guided"), DDPM_TRAINER),
             "flow": FLOW_TRAINER, "flow-quick": FLOW_TRAINER, "flux": FLUX_TRAINER, "flux-quick": FLUX_TRAINER,
             "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"),

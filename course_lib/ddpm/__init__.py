@@ -8,15 +8,16 @@ __all__ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_tim
            'check_choice', 'check_time_batch', 'check_group_channels', 'check_attention_channels', 'check_unet_sizes',
            'check_unet_input', 'check_digit_images', 'check_judge_batch', 'check_num_images', 'check_on_grid',
            'check_finite_samples', 'CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy',
-           'judge_samples', 'ClassifierConfig', 'train_digits_classifier', 'load_digits_classifier', 'BETA_SCHEDULES',
-           'make_betas', 'NoiseSchedule', 'diffusion_target', 'diffusion_loss', 'SPACINGS', 'timestep_grid',
-           'StepOutput', 'AncestralSampler', 'randn_on', 'sample', 'DDPMConfig', 'make_unet', 'ema_update',
-           'default_dataset', 'lr_lambda', 'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm',
-           'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds', 'SAMPLERS', 'diffusers_scheduler',
-           'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table', 'SOLVERS', 'solve',
-           'energy_distance_unbiased', 'x0_and_eps', 'ddim_step', 'ddim_sample', 'dpmpp_2m_sample', 'vp_sigmas',
-           'sigma_to_t', 't_to_sigma', 'karras_sigmas', 'vp_denoiser', 'heun_sample', 'ExactMixture',
-           'timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet']
+           'judge_samples', 'ClassifierConfig', 'JUDGE_DATA', 'judge_data', 'train_digits_classifier',
+           'load_digits_classifier', 'BETA_SCHEDULES', 'make_betas', 'NoiseSchedule', 'diffusion_target',
+           'diffusion_loss', 'SPACINGS', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample',
+           'DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda', 'CheckpointMismatch',
+           'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached',
+           'estimate_training_seconds', 'SAMPLERS', 'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix',
+           'make_scheduler', 'sampler_table', 'format_table', 'SOLVERS', 'solve', 'energy_distance_unbiased',
+           'x0_and_eps', 'ddim_step', 'ddim_sample', 'dpmpp_2m_sample', 'vp_sigmas', 'sigma_to_t', 't_to_sigma',
+           'karras_sigmas', 'vp_denoiser', 'heun_sample', 'ExactMixture', 'timestep_embedding', 'ResBlock',
+           'SelfAttention', 'UNetOutput', 'TinyUNet']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #4b5697e4
 from .checks import (
@@ -35,10 +36,10 @@ _all_ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_times
 # %% ../../nbs/17z_ddpm_api.ipynb #86d40d48
 from .classifier import (
     CLASSIFIER_SIZE, N_FEATURES, DigitsClassifier, augment, accuracy, judge_samples,
-    ClassifierConfig, train_digits_classifier, load_digits_classifier)
+    ClassifierConfig, JUDGE_DATA, judge_data, train_digits_classifier, load_digits_classifier)
 _all_ = ['CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy',
-         'judge_samples', 'ClassifierConfig', 'train_digits_classifier',
-         'load_digits_classifier']
+         'judge_samples', 'ClassifierConfig', 'JUDGE_DATA', 'judge_data',
+         'train_digits_classifier', 'load_digits_classifier']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #5c79c04a
 from .schedule import (

@@ -14,7 +14,7 @@ from ..data.images import Digits, to_float
 from .checks import check_digit_images, check_judge_batch
 
 # %% auto #0
-__all__ = ['CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy', 'judge_samples', 'ClassifierConfig', 'train_digits_classifier', 'load_digits_classifier']
+__all__ = ['CLASSIFIER_SIZE', 'N_FEATURES', 'DigitsClassifier', 'augment', 'accuracy', 'judge_samples', 'JUDGE_DATA', 'ClassifierConfig', 'judge_data', 'train_digits_classifier', 'load_digits_classifier']
 
 # %% ../../nbs/12_digits_classifier.ipynb #c55fdd74
 CLASSIFIER_SIZE = 16   # every input is resized to 16x16 pixels
@@ -132,12 +132,17 @@ import torch.nn.functional as F
 from ..core.basics import (
     cache_dir, get_device, grad_enabled, load_checkpoint, restore_pretrained, save_checkpoint)
 from ..data.images import Digits
+from ..data.mnist import MNIST
 
 # %% ../../nbs/15_training_runs.ipynb #6dbf4bb6
+JUDGE_DATA = ("digits", "mnist")
+
 @dataclass
 class ClassifierConfig:
     """How the judge is trained: epochs, batch size, peak learning rate, weight decay, label
-    smoothing, width, seed."""
+    smoothing, width, seed, and `data`: 'digits' (scikit-learn's 8x8 digits, shown at 16x16) or
+    'mnist' (the 28x28 MNIST digits of `course_lib.data.mnist`). `ClassifierConfig.mnist()` is the
+    MNIST judge. Raises `ValueError` for another `data`."""
     epochs: int = 10
     batch_size: int = 64
     lr: float = 3e-3
@@ -145,29 +150,50 @@ class ClassifierConfig:
     label_smoothing: float = 0.05
     width: int = 16
     seed: int = 0
+    data: str = "digits"
 
     code_version = 1   # raised when the training code changes what a config trains (not a field)
 
+    def __post_init__(self):
+        if self.data not in JUDGE_DATA:
+            raise ValueError(f"data must be one of {list(JUDGE_DATA)}, got {self.data!r}")
+
+    @classmethod
+    def mnist(cls, **kw) -> ClassifierConfig:
+        "The MNIST judge: 15 epochs without label smoothing; `kw` overrides any field."
+        return cls(**{"data": "mnist", "epochs": 15, "label_smoothing": 0.0, **kw})
+
     def key(self) -> str:
-        "The course-cache key (`cache.cache_key`) of the configuration and `code_version`."
+        """The course-cache key (`cache.cache_key`) of the configuration and `code_version`. The
+        digits judge's key leaves `data` out, so it is the key it had before the field existed."""
         from course_lib.core.cache import cache_key
-        return cache_key("digits_classifier", self, code_version=self.code_version)
+        fields = asdict(self)
+        if fields["data"] == "digits": del fields["data"]
+        return cache_key("digits_classifier", fields, code_version=self.code_version)
+
+def judge_data(config: ClassifierConfig, split: str = "train"):
+    """The judge's labelled images of `split` for `config.data`: `Digits(split, size=16)` ('train'
+    or 'valid') or `MNIST(split)` ('train', 'valid' or 'test'), images `(N, 1, H, H)` float32 in
+    [-1, 1] and labels `(N,)` int64."""
+    return Digits(split, size=16) if config.data == "digits" else MNIST(split)
+
 
 # %% ../../nbs/15_training_runs.ipynb #083f5365
 @grad_enabled
 def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
                             progress: bool = False) -> DigitsClassifier:
-    """Train a `DigitsClassifier` on `Digits('train', size=16)` with `augment` (in eval mode).
+    """Train a `DigitsClassifier` on the training split of `judge_data(config)` with `augment`
+    (returned in eval mode).
 
-    `model.history` holds `{'loss': [...], 'valid_acc': float}`. Deterministic for a given config on
-    CPU."""
+    `model.history` holds `{'loss': [...], 'valid_acc': float}` (accuracy on the validation split of
+    the same data). Deterministic for a given config on CPU."""
     from tqdm.auto import tqdm
     cfg = config or ClassifierConfig()
     dev = get_device(device)
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = DigitsClassifier(width=cfg.width).to(dev)
-    ds = Digits("train", size=16)
+    ds = judge_data(cfg, "train")
     steps_per_epoch = math.ceil(len(ds) / cfg.batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = cfg.epochs * steps_per_epoch
@@ -185,13 +211,14 @@ def train_digits_classifier(config: ClassifierConfig | None = None, device=None,
             sched.step()
             losses.append(loss.item())
     model.eval()
-    model.history = {"loss": losses, "valid_acc": accuracy(model)}
+    model.history = {"loss": losses, "valid_acc": accuracy(model, judge_data(cfg, "valid"))}
     return model
 
 # %% ../../nbs/15_training_runs.ipynb #830c82b5
 def load_digits_classifier(device=None, config: ClassifierConfig | None = None,
                            retrain: bool = False, progress: bool = False) -> DigitsClassifier:
-    """The course's digits judge, in eval mode on `device`: loaded from
+    """The course's digits judge (of `config.data`: the 8x8 digits by default, MNIST with
+    `ClassifierConfig.mnist()`), in eval mode on `device`: loaded from
     `cache_dir('models', 'digits_classifier')/<config hash>.safetensors`, or trained and cached if
     missing. Its validation accuracy is in `model.valid_acc` (at least 0.97 is tested), its training
     curve and training time in `model.history`. Guarded by `cache.cache_lock` so concurrent
