@@ -13,10 +13,11 @@ for `--n` real validation digits and for uniform noise: the judge's confident ra
 mean log-probability of its top class, the mean entropy (bits), the largest class share; on the judge's 128
 features against the test digits, FID (standard error by a bootstrap of the rows), the mean distance to the
 nearest test digit and precision (the share of images inside some test digit's 3-nearest-neighbour ball,
-Kynkaanniemi et al. 2019), each with its standard error. Then each setting against the most steps, by
-`course_lib.core.compare.verdict` on each measure (independent samples: the ancestral sampler draws fresh noise at
-every step, so sharing x_T pairs little). Prints a table and writes `OUT/preview.json` and `OUT/samples.png`.
-Not run by the tests. The 1000-step run is most of the time: about 5 minutes for 128 samples on 2 idle cores."""
+Kynkaanniemi et al. 2019); and a classifier two-sample test against `--n` test digits (a small CNN's 4-fold
+accuracy at telling them apart: 0.5 when it cannot, Lopez-Paz & Oquab 2017), each with its standard error.
+Then each setting against the most steps, by `course_lib.core.compare.verdict` on each measure (independent
+samples: the ancestral sampler draws fresh noise at every step, so sharing x_T pairs little). Prints a table and
+writes `OUT/preview.json` and `OUT/samples.png`. Not run by the tests. The 1000-step run is most of the time: about 5 minutes for 128 samples on 2 idle cores."""
 from __future__ import annotations
 
 import argparse, json, math, sys, time
@@ -57,10 +58,41 @@ def nn_measures(f, ref, k: int = 3) -> dict:
             "precision": p, "precision_se": math.sqrt(p * (1 - p) / len(f))}
 
 
-def judged(x, judge, ref) -> dict:
+def c2st(x, real, folds: int = 4, epochs: int = 40, seed: int = 0) -> tuple[float, float]:
+    """Classifier two-sample test (Lopez-Paz & Oquab 2017): the `folds`-fold cross-validated accuracy of a small CNN
+    telling images `x` from real digits `real` (as many of each, float in [-1, 1]), and its standard error
+    sqrt(a(1-a)/N). 0.5: the classifier cannot tell them apart; 1: always."""
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    X = torch.cat([x, real]).float()
+    y = torch.cat([torch.zeros(len(x)), torch.ones(len(real))]).long()
+    fold = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)) % folds)
+    right = 0
+    for k in range(folds):
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                            nn.Linear(32, 2))
+        opt = torch.optim.AdamW(net.parameters(), 3e-3, weight_decay=1e-3)
+        train, test = torch.nonzero(fold != k)[:, 0], torch.nonzero(fold == k)[:, 0]
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(epochs):
+            for idx in train[torch.randperm(len(train), generator=g)].split(32):
+                loss = F.cross_entropy(net(X[idx]), y[idx])
+                opt.zero_grad(); loss.backward(); opt.step()
+        with torch.no_grad(): right += int((net(X[test]).argmax(1) == y[test]).sum())
+    acc = right / len(y)
+    return acc, math.sqrt(acc * (1 - acc) / len(y))
+
+
+def judged(x, judge, ref, real=None) -> dict:
     """Confident rate, mean top-class log-probability, mean entropy (bits), largest class share, and, against the
-    reference features `ref`, FID, nearest-neighbour distance and precision on the judge's features, of images `x`,
-    each with its standard error."""
+    reference features `ref`, FID, nearest-neighbour distance and precision on the judge's features, and, given
+    real digits `real`, the classifier two-sample test's accuracy (`c2st`), of images `x`, each with its standard
+    error."""
     import torch
     import torch.nn.functional as F
     if x.dtype == torch.uint8: x = x.float() / 127.5 - 1
@@ -75,10 +107,11 @@ def judged(x, judge, ref) -> dict:
            "entropy_se": se(ent), "max_share": float(torch.bincount(logp.argmax(1), minlength=10).max() / len(x))}
     f = features(x, judge)
     out["fid"], out["fid_se"] = fid_with_se(f, ref)
+    if real is not None: out["c2st"], out["c2st_se"] = c2st(x[:len(real)], real[:len(x)])
     return {**out, **nn_measures(f, ref)}
 
 
-MEASURES = {"fid": False, "nn_distance": False, "precision": True, "entropy": False, "top_logp": True,
+MEASURES = {"fid": False, "nn_distance": False, "precision": True, "c2st": False, "entropy": False, "top_logp": True,
             "confident_rate": True}   # measure: higher is better
 
 
@@ -101,25 +134,28 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     from course_lib.ddpm import ClassifierConfig, accuracy, load_digits_classifier
     judge = load_digits_classifier(config=ClassifierConfig.mnist())
-    acc = accuracy(judge, MNIST("test"))
+    test = MNIST("test")
+    acc = accuracy(judge, test)
     print(f"judge: test accuracy {acc:.4f}", flush=True)
     model = load_pretrained_ddpm(cfg, dataset=data, progress=False)
-    ref = features(MNIST("test").images, judge)
-    valid = MNIST("valid").images                 # sorted by class: draw a random n
+    ref = features(test.images, judge)            # the reference of FID, NN distance and precision
+    valid = MNIST("valid").images                 # both splits sorted by class: draw at random
     pick = torch.randperm(len(valid), generator=torch.Generator().manual_seed(0))[:a.n]
-    rows = {"real validation digits": judged(valid[pick], judge, ref),
+    real = test.images[torch.randperm(len(test), generator=torch.Generator().manual_seed(1))[:a.n]]   # C2ST's
+    rows = {"real validation digits": judged(valid[pick], judge, ref, real),
             "uniform noise": judged(torch.rand(a.n, 1, 28, 28, generator=torch.Generator().manual_seed(0)) * 2 - 1,
-                                    judge, ref)}
+                                    judge, ref, real)}
     shown = {}
     for steps in sorted(a.steps):
         t1 = time.time()
         x, _ = sample(model, make_scheduler("ancestral", cfg), a.n, steps, generator=torch.Generator().manual_seed(0))
-        rows[f"ancestral {steps} steps"] = {**judged(x, judge, ref), "seconds": round(time.time() - t1, 1)}
+        seconds = round(time.time() - t1, 1)
+        rows[f"ancestral {steps} steps"] = {**judged(x, judge, ref, real), "seconds": seconds}
         shown[steps] = x[:32].float() / 255
         print(f"ancestral {steps} steps: {time.time() - t1:.0f} s", flush=True)
     hi = f"ancestral {max(a.steps)} steps"
-    verdicts = {f"{key}: {name} vs {hi}": verdict(name, r[key], r[key + "_se"], hi, rows[hi][key], rows[hi][key + "_se"],
-                                                   higher_is_better=better)
+    verdicts = {f"{key}: {name} vs {hi}": verdict(name, r[key], r[key + "_se"], hi, rows[hi][key],
+                                                   rows[hi][key + "_se"], higher_is_better=better)
                 for key, better in MEASURES.items() for name, r in rows.items() if name != hi}
     out = {"judge_test_accuracy": acc, "n": a.n, "reference": "MNIST('test'): 500 digits the DDPM never saw",
            "config": {k: list(v) if isinstance(v, tuple) else v for k, v in DDPM_MNIST.items()},
@@ -133,7 +169,7 @@ def main(argv=None) -> int:
         ax.set_title(f"ancestral, {steps} steps", fontsize=9)
     fig.savefig(a.out / "samples.png", dpi=100, bbox_inches="tight")
     cols = [("confident", "confident_rate", 3), ("top log p", "top_logp", 3), ("entropy", "entropy", 3),
-            ("FID", "fid", 1), ("NN distance", "nn_distance", 2), ("precision", "precision", 3)]
+            ("FID", "fid", 1), ("NN distance", "nn_distance", 2), ("precision", "precision", 3), ("C2ST", "c2st", 3)]
     print(f"\n{'':<24}{'n':>5}" + "".join(f"{c:>18}" for c, _, _ in cols) + f"{'max share':>11}")
     for k, r in rows.items():
         print(f"{k:<24}{r['n']:>5}" + "".join(f"{r[m]:>10.{d}f} ± {r[m + '_se']:<5.{d}f}" for _, m, d in cols)
