@@ -17,7 +17,8 @@ Kynkaanniemi et al. 2019); and a classifier two-sample test against `--n` test d
 accuracy at telling them apart: 0.5 when it cannot, Lopez-Paz & Oquab 2017), each with its standard error.
 Then each setting against the most steps, by `course_lib.core.compare.verdict` on each measure (independent
 samples: the ancestral sampler draws fresh noise at every step, so sharing x_T pairs little). Prints a table and
-writes `OUT/preview.json` and `OUT/samples.png`. Not run by the tests. The 1000-step run is most of the time: about 5 minutes for 128 samples on 2 idle cores."""
+writes `OUT/preview.json` and `OUT/samples.png`. Not run by the tests. The 1000-step run is most of the time:
+about 5 minutes for 128 samples on 2 idle cores."""
 from __future__ import annotations
 
 import argparse, json, math, sys, time
