@@ -171,6 +171,7 @@ class ClassifierConfig:
         if fields["data"] == "digits": del fields["data"]
         return cache_key("digits_classifier", fields, code_version=self.code_version)
 
+# %% ../../nbs/15_training_runs.ipynb #0ab6c823
 def judge_data(config: ClassifierConfig, split: str = "train"):
     """The judge's labelled images of `split` for `config.data`: `Digits(split, size=16)` ('train'
     or 'valid') or `MNIST(split)` ('train', 'valid' or 'test'), images `(N, 1, H, H)` float32 in
