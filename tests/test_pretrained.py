@@ -186,7 +186,7 @@ def test_shipped_records_name_the_current_training_code():
             "or run `python tools/ship_pretrained.py --restamp` if the change trains the same model")
 
 
-def test_the_mnist_judge_reads_real_mnist_without_a_capped_confidence(empty_cache):
+def test_the_mnist_judge_reads_the_held_out_mnist_digits(empty_cache):
     """The shipped MNIST judge (`ClassifierConfig.mnist()`, no label smoothing) on the 500 test digits, which neither
     it nor the MNIST DDPM trained on: at least 97% right, and confident (max probability >= 0.9) on at least 90% of
     them. An untrained `DigitsClassifier` (seed 0) fails both: 10% right, confident on none."""
