@@ -47,14 +47,13 @@ def fid_with_se(f, ref, boots: int = 20) -> tuple[float, float]:
 
 def nn_measures(f, ref, k: int = 3) -> dict:
     """Mean Euclidean distance from each row of `f` to its nearest row of `ref` (and its standard error), and
-    precision: the share of rows of `f` within the distance from some row of `ref` to that row's `k`-th nearest
-    neighbour in `ref` (Kynkaanniemi et al. 2019), with sqrt(p(1-p)/n)."""
+    precision (Kynkaanniemi et al. 2019: the share of rows of `f` inside some row of `ref`'s `k`-nearest-neighbour
+    ball, torch-fidelity's `calculate_precision_recall_full`), with sqrt(p(1-p)/n)."""
     import numpy as np
-    d = np.sqrt(((f[:, None, :] - ref[None, :, :]) ** 2).sum(-1))                 # (n, m)
-    dr = np.sqrt(((ref[:, None, :] - ref[None, :, :]) ** 2).sum(-1))
-    radius = np.sort(dr, 1)[:, k]                                                  # column 0 is the point itself
-    nearest, inside = d.min(1), (d <= radius[None, :]).any(1)
-    p = float(inside.mean())
+    import torch
+    from torch_fidelity.metric_prc import calculate_precision_recall_full
+    nearest = np.sqrt(((f[:, None, :] - ref[None, :, :]) ** 2).sum(-1)).min(1)
+    p = float(calculate_precision_recall_full(torch.from_numpy(f), torch.from_numpy(ref), neighborhood=k)[0])
     return {"nn_distance": float(nearest.mean()), "nn_distance_se": float(nearest.std(ddof=1) / math.sqrt(len(f))),
             "precision": p, "precision_se": math.sqrt(p * (1 - p) / len(f))}
 
