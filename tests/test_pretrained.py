@@ -86,12 +86,9 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     from course_lib.flux import load_flux_mini
     flow = load_pretrained_flow(FlowConfig.from_ddpm(DDPMConfig.quick()), progress=False)    # lesson 71, quick
     assert flow.history["loss"] and not flow.training
-    import sys
-    sys.path.insert(0, str(ROOT / "tools"))
-    from ship_pretrained import DDPM_MNIST
     from course_lib.data.mnist import MNIST
-    mnist = load_pretrained_ddpm(DDPMConfig(**DDPM_MNIST), dataset=MNIST("train", size=28), progress=False)
-    assert mnist.config.sample_size == 28 and len(mnist.history["loss"]) == DDPM_MNIST["steps"]
+    mnist = load_pretrained_ddpm(DDPMConfig.mnist(), dataset=MNIST("train", size=28), progress=False)
+    assert mnist.config.sample_size == 28 and len(mnist.history["loss"]) == DDPMConfig.mnist().steps
     for cfg in (FluxMiniConfig.quick(), FluxMiniConfig()):                                   # lessons 72, 73
         pipe = load_flux_mini(cfg, progress=False)
         assert pipe.flux_config.steps == cfg.steps and pipe.history["flow_loss"]

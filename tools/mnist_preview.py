@@ -2,30 +2,30 @@
 """Which ancestral step counts can unit 1's sampler table tell apart on real 28x28 MNIST? The shipped MNIST DDPM,
 sampled and measured.
 
-    python tools/mnist_preview.py [--n 128] [--steps 2 3 5 10 100 1000] [--out runs/mnist-preview]
+    python tools/mnist_preview.py [--n 128] [--steps 2 3 5 10 100 1000] [--seed 0] [--out runs/mnist-preview]
 
-Loads the DDPM of `tools/ship_pretrained.py --only ddpm-mnist` (`DDPM_MNIST`, trained on the 4,000 training digits
-of `course_lib.data.mnist`) and the MNIST judge (`ClassifierConfig.mnist()`: the course's `DigitsClassifier` on the
-same training split, augmented, without label smoothing, so the real digits' confident rate is not capped), and
-samples `--n` images with the ancestral sampler (`make_scheduler('ancestral')`) at each of `--steps`, all from the
-same noise. Every measure uses digits the DDPM never saw as its reference: the 500 test digits. For each setting,
-for `--n` real validation digits and for uniform noise: the judge's confident rate (max probability >= 0.9), the
-mean log-probability of its top class, the mean entropy (bits), the largest class share; on the judge's 128
-features against the test digits, FID (standard error by a bootstrap of the rows), the mean distance to the
-nearest test digit and precision (the share of images inside some test digit's 3-nearest-neighbour ball,
-Kynkaanniemi et al. 2019); and a classifier two-sample test against `--n` test digits (a small CNN's 4-fold
-accuracy at telling them apart: 0.5 when it cannot, Lopez-Paz & Oquab 2017), each with its standard error.
-Then each setting against the most steps, by `course_lib.core.compare.verdict` on each measure (independent
-samples: the ancestral sampler draws fresh noise at every step, so sharing x_T pairs little). Prints a table and
-writes `OUT/preview.json` and `OUT/samples.png`. Not run by the tests. The 1000-step run is most of the time:
-about 6 minutes for 128 samples on 2 cores (337 s, 2026-12-06)."""
+Loads the DDPM of `tools/ship_pretrained.py --only ddpm-mnist` (`DDPMConfig.mnist()`, trained on the 4,000 training
+digits of `course_lib.data.mnist`) and the MNIST judge (`ClassifierConfig.mnist()`: the course's `DigitsClassifier`
+on the same training split, augmented, without label smoothing, so the real digits' confident rate is not capped),
+and samples `--n` images with the ancestral sampler (`make_scheduler('ancestral')`) at each of `--steps`, all from
+the same noise (`--seed`). Every measure uses digits the DDPM never saw as its reference: the 500 test digits. For
+each setting, for `--n` real validation digits and for uniform noise: the grey share (the share of pixels between
+10% and 90% ink, against the test digits' share: blurred strokes raise it); the judge's confident rate (max
+probability >= 0.9), the mean log-probability of its top class, the mean entropy (bits), the largest class share; on
+the judge's 128 features against the test digits, FID (standard error by a bootstrap of the rows), the mean distance
+to the nearest test digit and precision (the share of images inside some test digit's 3-nearest-neighbour ball,
+Kynkaanniemi et al. 2019); and a classifier two-sample test against `--n` test digits (a small CNN's 4-fold accuracy
+at telling them apart: 0.5 when it cannot, Lopez-Paz & Oquab 2017), each with its standard error. Then each setting
+against the most steps, by `course_lib.core.compare.verdict` on each measure (independent samples: the ancestral
+sampler draws fresh noise at every step, so sharing x_T pairs little). Prints a table and writes `OUT/preview.json`
+and `OUT/samples.png`. Not run by the tests. The 1000-step run is most of the time: about 6 minutes for 128 samples
+on 2 cores (337 s, 2026-12-06)."""
 from __future__ import annotations
 
 import argparse, json, math, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
 
 def features(x, judge):
@@ -88,7 +88,16 @@ def c2st(x, real, folds: int = 4, epochs: int = 40, seed: int = 0) -> tuple[floa
     return acc, math.sqrt(acc * (1 - acc) / len(y))
 
 
-def judged(x, judge, ref, real=None) -> dict:
+def grey_share(x):
+    """The share of each image's pixels that are neither background nor stroke: ink between 10% and 90% (`(n,)`
+    float64 of images `x` in [-1, 1] or uint8). Real MNIST strokes are sharp, with a thin anti-aliased rim; a sampler
+    that stops while its images are still the average of many digits leaves blurred, grey strokes."""
+    import torch
+    ink = x.double() / 255 if x.dtype == torch.uint8 else (x.double() + 1) / 2
+    return ((ink > 0.1) & (ink < 0.9)).flatten(1).double().mean(1)
+
+
+def judged(x, judge, ref, real=None, grey_ref: float | None = None) -> dict:
     """Confident rate, mean top-class log-probability, mean entropy (bits), largest class share, and, against the
     reference features `ref`, FID, nearest-neighbour distance and precision on the judge's features, and, given
     real digits `real`, the classifier two-sample test's accuracy (`c2st`), of images `x`, each with its standard
@@ -96,6 +105,7 @@ def judged(x, judge, ref, real=None) -> dict:
     import torch
     import torch.nn.functional as F
     if x.dtype == torch.uint8: x = x.float() / 127.5 - 1
+    grey = grey_share(x)
     with torch.no_grad():
         logp = torch.cat([F.log_softmax(judge(x[i:i + 512]), -1) for i in range(0, len(x), 512)]).double()
     top = logp.max(1).values
@@ -105,13 +115,18 @@ def judged(x, judge, ref, real=None) -> dict:
     out = {"n": len(x), "confident_rate": float(conf.mean()), "confident_rate_se": se(conf),
            "top_logp": float(top.mean()), "top_logp_se": se(top), "entropy": float(ent.mean()),
            "entropy_se": se(ent), "max_share": float(torch.bincount(logp.argmax(1), minlength=10).max() / len(x))}
+    if grey_ref is not None:   # the distance to the test digits' share; its standard error is the row's alone,
+        # since every row is compared with the same reference and that cancels in a difference of two rows
+        out["grey_share"], out["grey_gap"] = float(grey.mean()), abs(float(grey.mean()) - grey_ref)
+        out["grey_share_se"] = out["grey_gap_se"] = se(grey)
     f = features(x, judge)
     out["fid"], out["fid_se"] = fid_with_se(f, ref)
     if real is not None: out["c2st"], out["c2st_se"] = c2st(x[:len(real)], real[:len(x)])
     return {**out, **nn_measures(f, ref)}
 
 
-MEASURES = {"fid": False, "nn_distance": False, "precision": True, "c2st": False, "entropy": False, "top_logp": True,
+MEASURES = {"grey_gap": False, "fid": False, "nn_distance": False, "precision": True, "c2st": False, "entropy": False,
+            "top_logp": True,
             "confident_rate": True}   # measure: higher is better
 
 
@@ -120,14 +135,14 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=128, help="samples per sampler setting")
     p.add_argument("--steps", type=int, nargs="+", default=[2, 3, 5, 10, 100, 1000])
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "mnist-preview")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the samplers' noise (another seed: fresh samples)")
     a = p.parse_args(argv)
     import torch
-    from ship_pretrained import DDPM_MNIST
     from course_lib.core.compare import verdict
     from course_lib.data.mnist import MNIST
     from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm, make_scheduler, sample
     from course_lib.ddpm import ddpm_is_cached
-    cfg, data = DDPMConfig(**DDPM_MNIST), MNIST("train", size=28)
+    cfg, data = DDPMConfig.mnist(), MNIST("train", size=28)
     if not ddpm_is_cached(cfg, dataset=data):
         sys.exit("the MNIST DDPM is neither shipped nor cached: COURSE_LIB_HOME=<scratch> python "
                  "tools/ship_pretrained.py --only ddpm-mnist")
@@ -142,23 +157,26 @@ def main(argv=None) -> int:
     valid = MNIST("valid").images                 # both splits sorted by class: draw at random
     pick = torch.randperm(len(valid), generator=torch.Generator().manual_seed(0))[:a.n]
     real = test.images[torch.randperm(len(test), generator=torch.Generator().manual_seed(1))[:a.n]]   # C2ST's
-    rows = {"real validation digits": judged(valid[pick], judge, ref, real),
+    grey_ref = float(grey_share(test.images).mean())
+    rows = {"real validation digits": judged(valid[pick], judge, ref, real, grey_ref),
             "uniform noise": judged(torch.rand(a.n, 1, 28, 28, generator=torch.Generator().manual_seed(0)) * 2 - 1,
-                                    judge, ref, real)}
+                                    judge, ref, real, grey_ref)}
     shown = {}
     for steps in sorted(a.steps):
         t1 = time.time()
-        x, _ = sample(model, make_scheduler("ancestral", cfg), a.n, steps, generator=torch.Generator().manual_seed(0))
+        x, _ = sample(model, make_scheduler("ancestral", cfg), a.n, steps,
+                      generator=torch.Generator().manual_seed(a.seed))
         seconds = round(time.time() - t1, 1)
-        rows[f"ancestral {steps} steps"] = {**judged(x, judge, ref, real), "seconds": seconds}
+        rows[f"ancestral {steps} steps"] = {**judged(x, judge, ref, real, grey_ref), "seconds": seconds}
         shown[steps] = x[:32].float() / 255
         print(f"ancestral {steps} steps: {time.time() - t1:.0f} s", flush=True)
     hi = f"ancestral {max(a.steps)} steps"
     verdicts = {f"{key}: {name} vs {hi}": verdict(name, r[key], r[key + "_se"], hi, rows[hi][key],
                                                    rows[hi][key + "_se"], higher_is_better=better)
                 for key, better in MEASURES.items() for name, r in rows.items() if name != hi}
-    out = {"judge_test_accuracy": acc, "n": a.n, "reference": "MNIST('test'): 500 digits the DDPM never saw",
-           "config": {k: list(v) if isinstance(v, tuple) else v for k, v in DDPM_MNIST.items()},
+    out = {"judge_test_accuracy": acc, "n": a.n, "seed": a.seed, "grey_share_test_digits": grey_ref,
+           "reference": "MNIST('test'): 500 digits the DDPM never saw",
+           "config": cfg.to_dict(),
            "rows": rows, "verdicts": verdicts}
     (a.out / "preview.json").write_text(json.dumps(out, indent=1))
     import matplotlib; matplotlib.use("Agg")
@@ -168,18 +186,21 @@ def main(argv=None) -> int:
         ax.imshow(torch.cat(list(x[:, 0]), 1).numpy(), cmap="gray"); ax.set_axis_off()
         ax.set_title(f"ancestral, {steps} steps", fontsize=9)
     fig.savefig(a.out / "samples.png", dpi=100, bbox_inches="tight")
-    cols = [("confident", "confident_rate", 3), ("top log p", "top_logp", 3), ("entropy", "entropy", 3),
+    cols = [("grey share", "grey_share", 3), ("confident", "confident_rate", 3), ("top log p", "top_logp", 3),
+            ("entropy", "entropy", 3),
             ("FID", "fid", 1), ("NN distance", "nn_distance", 2), ("precision", "precision", 3), ("C2ST", "c2st", 3)]
     print(f"\n{'':<24}{'n':>5}" + "".join(f"{c:>18}" for c, _, _ in cols) + f"{'max share':>11}")
     for k, r in rows.items():
         print(f"{k:<24}{r['n']:>5}" + "".join(f"{r[m]:>10.{d}f} ± {r[m + '_se']:<5.{d}f}" for _, m, d in cols)
               + f"{r['max_share']:>11.3f}")
-    print(f"\nz of each row against {hi} (positive: the row is better; > 2 in size: the run separates them)")
+    print(f"\ngrey share of the 500 test digits: {grey_ref:.3f}; the column below is the distance to it")
+    print(f"z of each row against {hi} (positive: the row is better; > 2 in size: the run separates them)")
     print(f"{'':<24}" + "".join(f"{c:>13}" for c, _, _ in cols))
     for k, r in rows.items():
         if k == hi: continue
-        zs = [(r[m] - rows[hi][m]) / math.hypot(r[m + "_se"], rows[hi][m + "_se"]) * (1 if MEASURES[m] else -1)
-              for _, m, _ in cols]
+        gap = lambda m: "grey_gap" if m == "grey_share" else m   # the grey share's column: its distance to real
+        zs = [(r[gap(m)] - rows[hi][gap(m)]) / math.hypot(r[m + "_se"], rows[hi][m + "_se"])
+              * (1 if MEASURES[gap(m)] else -1) for _, m, _ in cols]
         print(f"{k:<24}" + "".join(f"{z:>13.1f}" for z in zs))
     print(f"\nwritten {a.out / 'preview.json'} and {a.out / 'samples.png'}")
     return 0

@@ -22,10 +22,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn", "flow-quick",
           "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm", "classifier-mnist")
-# the DDPM of real 28x28 MNIST (course_lib.data.mnist's 4,000 training digits): 687k parameters, attention at 7x7,
-# 2,500 steps at batch 128 (80 epochs), about an hour on 2 CPU cores
-DDPM_MNIST = dict(image_size=28, block_out_channels=(16, 32, 64), attention=(False, False, True), norm_num_groups=8,
-                  steps=2500, checkpoint_every=100)
 GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128, n_layer=4, steps=1800,
             batch_size=12, lr=5e-3, seed=0)               # nbs/62_tiny_gpt2.ipynb's full profile
 
@@ -44,10 +40,10 @@ def train(kind: str) -> list[dict]:
     if kind == "ddpm-mnist":
         from course_lib.data.mnist import MNIST
         from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
-        cfg, data = DDPMConfig(**DDPM_MNIST), MNIST("train", size=28)
+        cfg, data = DDPMConfig.mnist(), MNIST("train", size=28)
         m = load_pretrained_ddpm(cfg, dataset=data, progress=False)
         path = cache_dir("models", "ddpm", cfg.key(data)) / "ema.safetensors"
-        return [dict(path=path, config=cfg.to_dict(), call="load_pretrained_ddpm(DDPMConfig(**DDPM_MNIST), "
+        return [dict(path=path, config=cfg.to_dict(), call="load_pretrained_ddpm(DDPMConfig.mnist(), "
                      "dataset=MNIST('train', size=28))", data="MNIST('train', size=28)",
                      figures={"final_loss": sum(m.history["loss"][-50:]) / 50, "train_seconds": m.history["seconds"]})]
     if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):      # the lessons' models and the quick profile's
