@@ -42,7 +42,7 @@ class CleanExperimentConfig:
     n_embd: int = 128
     n_layer: int = 4
     n_head: int = 4
-    steps: int = 2000
+    steps: int = 4000
     batch_size: int = 12
     lr: float = 5e-3
     warmup: int = 200   # linear warm-up steps: at 50, the loss of seed 2 spiked early
