@@ -190,8 +190,12 @@ def test_citations_of_lin_et_al_and_geodiff():
     assert "GeoDiff, Xu et al. 2022" in _text("10_forward_process", "markdown")
 
 
-def _run_trailing_cell(rates: dict, n: int = 512) -> str:
-    "Run lesson 13's trailing-vs-leading cell on recorded rates; returns the Markdown it displays."
+def _run_trailing_cell(rates: dict, n: int | None = None) -> str:
+    """Run lesson 13's trailing-vs-leading cell on recorded rates, `n` samples a rate (default: the
+    parameters cell's `n_samples`, the full profile's); returns the Markdown it displays."""
+    if n is None:
+        params = next("".join(c["source"]) for c in _cells("13_sampling") if "n_samples =" in "".join(c["source"]))
+        n = int(re.search(r"^n_samples = (\d+)", params, re.M).group(1))
     src = next("".join(c["source"]) for c in _cells("13_sampling")
                if c["cell_type"] == "code" and "diffusers' defaults" in "".join(c["source"]))
     def row(name, nfe):

@@ -171,6 +171,19 @@ class ClassifierConfig:
         if fields["data"] == "digits": del fields["data"]
         return cache_key("digits_classifier", fields, code_version=self.code_version)
 
+# %% ../../nbs/15_training_runs.ipynb #b6a4c0bc
+from ..core.basics import patch_to
+from .training import DDPMConfig
+
+@patch_to(DDPMConfig, cls_method=True)
+def mnist(cls, **kw) -> DDPMConfig:
+    """The DDPM recipe for real 28x28 MNIST (`MNIST('train', size=28)`, judged by
+    `ClassifierConfig.mnist()`), shipped trained, `kw` overriding any field."""
+    mnist = {"image_size": 28, "block_out_channels": (16, 32, 64), "norm_num_groups": 8,
+             "attention": (False, False, True), "steps": 2500, "checkpoint_every": 100}
+    return cls(**{**mnist, **kw})
+
+
 # %% ../../nbs/15_training_runs.ipynb #0ab6c823
 def judge_data(config: ClassifierConfig, split: str = "train"):
     """The judge's labelled images of `split` for `config.data`: `Digits(split, size=16)` ('train'

@@ -66,17 +66,6 @@ def quick(cls, **kw) -> DDPMConfig:
              "checkpoint_every": 100}
     return cls(**{**small, **kw})
 
-@patch_to(DDPMConfig, cls_method=True)
-def mnist(cls, **kw) -> DDPMConfig:
-    """The recipe for 28x28 MNIST (`MNIST('train', size=28)`, the 4,000 training digits of
-    `course_lib.data.mnist`): three levels of 16, 32 and 64 channels, self-attention at the
-    7x7 level only, 2,500 steps at batch 128. It ships trained (`tools/ship_pretrained.py
-    --only ddpm-mnist`: 96 minutes on the 2-core project machine)."""
-    mnist = {"image_size": 28, "block_out_channels": (16, 32, 64),
-             "attention": (False, False, True), "norm_num_groups": 8, "steps": 2500,
-             "checkpoint_every": 100}
-    return cls(**{**mnist, **kw})
-
 @patch_to(DDPMConfig)
 def key(self, data=None) -> str:
     """The course-cache key (`cache.cache_key`) of this config trained on `data` (None: the
@@ -87,7 +76,6 @@ def key(self, data=None) -> str:
     d = {k: v for k, v in asdict(self).items() if k not in skip}
     return cache_key("ddpm", d, data, code_version=self.code_version)
 
-# %% ../../nbs/11_ddpm_training.ipynb #111ede35
 @patch_to(DDPMConfig)
 def validate(self) -> DDPMConfig:
     """Raise `ValueError` naming the bad field: the beta schedule (by building it), then the rest
