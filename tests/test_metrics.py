@@ -319,3 +319,44 @@ def test_nn_distances_match_sklearn_nearest_neighbors():
         nn_distances(x, torch.zeros(3, 1, 16, 16, dtype=torch.uint8))
     with pytest.raises(ValueError, match="needs images on both sides, got 0 and 300"):
         nn_distances(x[:0], ref)
+
+
+# --- the MNIST judge as a feature extractor (lesson 32's default) --------------------------------------------------
+def test_mnist_references_are_the_mnist_splits():
+    from course_lib.data.mnist import MNIST
+    for split, n in [("train", 4000), ("valid", 500), ("test", 500)]:
+        x = metrics.as_uint8_images(f"mnist-{split}")
+        assert x.shape == (n, 3, 28, 28) and x.dtype == torch.uint8
+        assert torch.equal(x[:, :1], MNIST(split, dtype="uint8").images)
+    assert metrics.as_uint8_images("ref:mnist-test").shape == (500, 3, 28, 28)
+    assert metrics.as_uint8_images("mnist-test", size=16).shape == (500, 3, 16, 16)
+    assert torch.equal(metrics.as_uint8_images("mnist-test", size=32)[:, :, 2:30, 2:30],
+                       metrics.as_uint8_images("mnist-test"))   # 32: MNIST's own zero padding
+
+
+def test_mnist_extractor_through_torch_fidelity_agrees_with_from_scratch():
+    "The 'mnist' extractor is the MNIST judge's features; torch-fidelity's FID/KID on them equal ours."
+    from course_lib.ddpm.classifier import ClassifierConfig, load_digits_classifier
+    judge = load_digits_classifier("cpu", ClassifierConfig.mnist())
+    fv, ft = (metrics.extract_features(f"mnist-{s}", "mnist") for s in ("valid", "test"))
+    x = metrics.as_uint8_images("mnist-valid")[:, :1]
+    with torch.no_grad():
+        by_hand = judge.features(x.float() / 127.5 - 1).double()
+    torch.testing.assert_close(fv["features"], by_hand, rtol=1e-6, atol=1e-6)
+    digits = metrics.extract_features("mnist-valid", "digits")["features"]
+    assert (digits - fv["features"]).abs().max() > 1e-3        # another judge, other features
+    r = metrics.evaluate("mnist-valid", "mnist-test", metrics=("fid", "kid"), extractor="mnist",
+                         kid_subsets=20, kid_subset_size=200, cache_reference=False)
+    assert r["extractor"] == "mnist" and r["n_reference"] == 500
+    assert rel(fid_from_features(fv["features"], ft["features"], method="eigvals"), r["fid"]) < 1e-6
+    assert rel(kid(fv["features"], ft["features"], subsets=20, subset_size=200)[0], r["kid_mean"]) < 1e-6
+    # the two judges' cached reference statistics do not share a file
+    paths = {e: metrics_io.reference_stats_path("mnist-test", e, size=28) for e in ("digits", "mnist")}
+    assert paths["digits"] != paths["mnist"]
+    assert metrics_io.extractor_fingerprint("mnist") != metrics_io.extractor_fingerprint("digits")
+
+
+def test_cli_mnist_extractor():
+    rc, out, err = run_cli(["mnist-valid", "mnist-test", "--extractor", "mnist", "--json"])
+    assert rc == 0, err
+    assert rel(json.loads(out)["fid"], metrics.fid_of_samples("mnist-valid", "mnist-test", "mnist")) < 1e-9

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..core.basics import OfflineError
 from ..metrics.frechet import feature_statistics, frechet_distance
 from ..metrics.isc_kid import inception_score, kid
-from ..metrics.images import DIGITS_FEATURE_SIZE, REFERENCES, reference_name
+from ..metrics.images import (
+    DIGITS_FEATURE_SIZE, REFERENCES, reference_name, reference_size)
 from ..metrics.fidelity import extract_features, reference_statistics
 from ..metrics.io import (
     EXTRACTORS, INCEPTION_WEIGHTS_ENV, load_statistics, save_statistics)
@@ -34,7 +35,8 @@ def _fid_parser() -> argparse.ArgumentParser:
         choices=EXTRACTORS,
         default="digits",
         help=(
-            "digits: the course's classifier (offline); inception: Inception-v3 (needs its weights)"
+            "digits: the course's 8x8-digits judge; mnist: its MNIST judge (both offline); "
+            "inception: Inception-v3 (needs its weights)"
         ),
     )
     p.add_argument("--weights", default=None,
@@ -54,7 +56,8 @@ def _is_npz(s) -> bool: return str(s).endswith(".npz")
 def _fid_other_size(a: argparse.Namespace, s) -> int:
     "The image size of the side of `course fid` that is not `s`."
     o = a.b if s == a.a else a.a
-    if _is_npz(o) or reference_name(o): return DIGITS_FEATURE_SIZE
+    if _is_npz(o): return DIGITS_FEATURE_SIZE
+    if reference_name(o): return reference_size(o)
     from PIL import Image
     from course_lib.data.images import scan_image_folder
     files = scan_image_folder(o).ok if Path(o).is_dir() else []

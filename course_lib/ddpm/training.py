@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-if TYPE_CHECKING:
-    from diffusers import UNet2DModel
+if TYPE_CHECKING: from diffusers import UNet2DModel
 
 from ..core.basics import patch_to
 from .checks import check_ddpm_config
@@ -23,7 +22,7 @@ __all__ = ['DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambd
 @dataclass
 class DDPMConfig:
     "Everything that defines a DDPM training run (defaults: the course model, shipped trained)."
-    image_size: int = 8                         # 8, 16 or 32 for the digits
+    image_size: int = 8                         # 8, 16 or 32 for the digits, 28 for MNIST
     channels: int = 1
     classes: tuple[int, ...] | None = None      # train only on these digits (None: all)
     block_out_channels: tuple[int, ...] = (32, 64, 64)   # one per level (image halved len-1 times)
@@ -69,9 +68,11 @@ def quick(cls, **kw) -> DDPMConfig:
 @patch_to(DDPMConfig)
 def key(self, data=None) -> str:
     """The course-cache key (`cache.cache_key`) of this config trained on `data` (None: the
-    default dataset): the fields that change the weights, the data's fingerprint and
-    `code_version`."""
+    default dataset, keyed as MNIST's training split at 28x28; the digits' keep None): the
+    fields that change the weights, the data's fingerprint and `code_version`."""
     from course_lib.core.cache import cache_key
+    from course_lib.ddpm.training import default_dataset   # lesson 15, beside the trainer
+    if data is None and self.image_size == 28: data = default_dataset(self)
     skip = ("checkpoint_every", "mixed_precision")
     d = {k: v for k, v in asdict(self).items() if k not in skip}
     return cache_key("ddpm", d, data, code_version=self.code_version)
@@ -123,9 +124,8 @@ def make_unet(config: DDPMConfig) -> UNet2DModel:
 @torch.no_grad()
 def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
     "ema <- decay * ema + (1 - decay) * model, for every parameter (buffers are copied)."
-    ep = list(ema.parameters())
     mp = [p.detach().to(e.dtype) for p, e in zip(model.parameters(), ema.parameters())]
-    torch._foreach_lerp_(ep, mp, 1 - decay)
+    torch._foreach_lerp_(list(ema.parameters()), mp, 1 - decay)
     for eb, mb in zip(ema.buffers(), model.buffers()): eb.copy_(mb)
 
 # %% ../../nbs/15_training_runs.ipynb #8bb4e142
@@ -140,13 +140,15 @@ from ..core.cache import resume_changes, set_hyperparams
 from ..core.basics import (
     cache_dir, get_device, grad_enabled, load_checkpoint, patch_to, save_checkpoint)
 from ..data.images import Digits, to_float
+from ..data.mnist import MNIST
 from .schedule import diffusion_target
 
 # %% ../../nbs/15_training_runs.ipynb #a4ebe3f1
 def default_dataset(config: DDPMConfig):
-    """The course's training set for `config`:
-    `Digits('train', size=image_size, channels=channels, classes=classes)`."""
-    return Digits("train", size=config.image_size, channels=config.channels, classes=config.classes)
+    """The course's training set for `config`: `Digits('train', size=image_size, channels=...,
+    classes=...)` (8, 16 or 32), or `MNIST('train', ...)` at 28x28 (`DDPMConfig.mnist()`)."""
+    data = MNIST if config.image_size == 28 else Digits
+    return data("train", size=config.image_size, channels=config.channels, classes=config.classes)
 
 # %% ../../nbs/15_training_runs.ipynb #93eb60c7
 def _dataset_tensors(dataset, config: DDPMConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -434,9 +436,8 @@ def ddpm_is_cached(config: DDPMConfig | None = None, dataset=None) -> bool:
     """True when `load_pretrained_ddpm(config, dataset=dataset)` loads the model (from the course
     cache, or the copy shipped with the package) instead of training it."""
     from course_lib.core.cache import is_cached
-    cfg = (config or DDPMConfig()).validate()
-    folder = cache_dir("models", "ddpm", cfg.key(dataset), create=False)
-    return is_cached(folder / "ema.safetensors")
+    key = (config or DDPMConfig()).validate().key(dataset)
+    return is_cached(cache_dir("models", "ddpm", key, create=False) / "ema.safetensors")
 
 def estimate_training_seconds(config: DDPMConfig | None = None, n_steps: int = 3,
                               dataset=None) -> float:

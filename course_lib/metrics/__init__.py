@@ -6,14 +6,15 @@
 __all__ = ['FewSamplesWarning', 'check_features', 'check_feature_dims', 'check_gaussian_stats', 'check_one_of',
            'check_subset_sizes', 'check_splits', 'check_kid_args', 'check_n_chunks', 'FD_METHODS', 'feature_statistics',
            'trace_sqrt_product', 'frechet_distance', 'fid_from_features', 'fid_infinity', 'DIGITS_FEATURE_SIZE',
-           'REFERENCES', 'reference_name', 'as_uint8_images', 'Digits_uint8', 'UInt8Images', 'DIGITS_EXTRACTOR',
-           'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS',
-           'COURSE_INCEPTION_EXTRACTOR', 'METRIC_NAMES', 'FIDELITY_KEYS', 'inception_weights_path', 'CourseInceptionV3',
-           'resolve_extractor', 'extractor_fingerprint', 'check_uint8_batch', 'metric_list', 'metric_images',
-           'check_image_counts', 'reference_cache_args', 'kid_fid_settings', 'fidelity_results', 'save_statistics',
-           'load_statistics', 'reference_stats_path', 'cached_statistics', 'DigitsFeatureExtractor', 'evaluate',
-           'get_extractor', 'extract_features', 'reference_statistics', 'fid_of_samples', 'inception_score',
-           'polynomial_kernel', 'mmd2_unbiased', 'kid', 'kid_chunks', 'nn_distances']
+           'MNIST_SIZE', 'REFERENCES', 'reference_name', 'reference_size', 'as_uint8_images', 'Digits_uint8',
+           'MNIST_uint8', 'UInt8Images', 'DIGITS_EXTRACTOR', 'MNIST_EXTRACTOR', 'INCEPTION_EXTRACTOR',
+           'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS', 'COURSE_INCEPTION_EXTRACTOR', 'METRIC_NAMES',
+           'FIDELITY_KEYS', 'inception_weights_path', 'CourseInceptionV3', 'resolve_extractor', 'extractor_fingerprint',
+           'check_uint8_batch', 'metric_list', 'metric_images', 'check_image_counts', 'reference_cache_args',
+           'kid_fid_settings', 'fidelity_results', 'save_statistics', 'load_statistics', 'reference_stats_path',
+           'cached_statistics', 'DigitsFeatureExtractor', 'MnistFeatureExtractor', 'evaluate', 'get_extractor',
+           'extract_features', 'reference_statistics', 'fid_of_samples', 'inception_score', 'polynomial_kernel',
+           'mmd2_unbiased', 'kid', 'kid_chunks', 'nn_distances']
 
 # %% ../../nbs/36z_metrics_api.ipynb #d683d676
 from .checks import (
@@ -31,18 +32,20 @@ _all_ = ['FD_METHODS', 'feature_statistics', 'trace_sqrt_product', 'frechet_dist
 
 # %% ../../nbs/36z_metrics_api.ipynb #413003a0
 from .images import (
-    DIGITS_FEATURE_SIZE, REFERENCES, reference_name, as_uint8_images, Digits_uint8, UInt8Images)
-_all_ = ['DIGITS_FEATURE_SIZE', 'REFERENCES', 'reference_name', 'as_uint8_images', 'Digits_uint8',
-         'UInt8Images']
+    DIGITS_FEATURE_SIZE, MNIST_SIZE, REFERENCES, reference_name, reference_size, as_uint8_images,
+    Digits_uint8, MNIST_uint8, UInt8Images)
+_all_ = ['DIGITS_FEATURE_SIZE', 'MNIST_SIZE', 'REFERENCES', 'reference_name', 'reference_size',
+         'as_uint8_images', 'Digits_uint8', 'MNIST_uint8', 'UInt8Images']
 
 # %% ../../nbs/36z_metrics_api.ipynb #1c09ebe8
 from .io import (
-    DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, INCEPTION_WEIGHTS_ENV, INCEPTION_WEIGHTS_URL,
-    EXTRACTORS, COURSE_INCEPTION_EXTRACTOR, METRIC_NAMES, FIDELITY_KEYS, inception_weights_path,
+    DIGITS_EXTRACTOR, MNIST_EXTRACTOR, INCEPTION_EXTRACTOR, INCEPTION_WEIGHTS_ENV,
+    INCEPTION_WEIGHTS_URL, EXTRACTORS, COURSE_INCEPTION_EXTRACTOR, METRIC_NAMES, FIDELITY_KEYS,
+    inception_weights_path,
     CourseInceptionV3, resolve_extractor, extractor_fingerprint, check_uint8_batch, metric_list,
     metric_images, check_image_counts, reference_cache_args, kid_fid_settings, fidelity_results,
     save_statistics, load_statistics, reference_stats_path, cached_statistics)
-_all_ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV',
+_all_ = ['DIGITS_EXTRACTOR', 'MNIST_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV',
          'INCEPTION_WEIGHTS_URL', 'EXTRACTORS', 'COURSE_INCEPTION_EXTRACTOR',
          'METRIC_NAMES', 'FIDELITY_KEYS', 'inception_weights_path', 'CourseInceptionV3',
          'resolve_extractor', 'extractor_fingerprint', 'check_uint8_batch', 'metric_list',
@@ -51,10 +54,11 @@ _all_ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV',
          'reference_stats_path', 'cached_statistics']
 
 # %% ../../nbs/36z_metrics_api.ipynb #863bf7c9
-from course_lib.metrics.fidelity import (
-    DigitsFeatureExtractor, evaluate, get_extractor, extract_features, reference_statistics,
-    fid_of_samples)
-_all_ = ['DigitsFeatureExtractor', 'evaluate', 'get_extractor', 'extract_features',
+from .fidelity import (
+    DigitsFeatureExtractor, MnistFeatureExtractor, evaluate, get_extractor, extract_features,
+    reference_statistics, fid_of_samples)
+_all_ = ['DigitsFeatureExtractor', 'MnistFeatureExtractor', 'evaluate', 'get_extractor',
+         'extract_features',
          'reference_statistics', 'fid_of_samples']
 
 # %% ../../nbs/36z_metrics_api.ipynb #f0dfa1a7

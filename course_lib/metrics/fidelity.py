@@ -19,12 +19,14 @@ from .images import (
     DIGITS_FEATURE_SIZE, UInt8Images, reference_name, as_uint8_images)
 # the plumbing around torch-fidelity: library notebook 36_metrics_io
 from .io import (
-    DIGITS_EXTRACTOR, resolve_extractor, check_uint8_batch, metric_list, metric_images,
+    DIGITS_EXTRACTOR, MNIST_EXTRACTOR, resolve_extractor, check_uint8_batch, metric_list,
+    metric_images,
     check_image_counts, reference_cache_args, kid_fid_settings, fidelity_results, load_statistics,
     reference_stats_path, cached_statistics)
 
 # %% auto #0
-__all__ = ['DigitsFeatureExtractor', 'evaluate', 'get_extractor', 'extract_features', 'reference_statistics', 'fid_of_samples']
+__all__ = ['DigitsFeatureExtractor', 'MnistFeatureExtractor', 'evaluate', 'get_extractor', 'extract_features',
+           'reference_statistics', 'fid_of_samples']
 
 # %% ../../nbs/32_torch_fidelity.ipynb #c2e7047b
 class DigitsFeatureExtractor(FeatureExtractorBase):
@@ -68,8 +70,19 @@ class DigitsFeatureExtractor(FeatureExtractorBase):
         return tuple(out[k] for k in self.features_list)
 
 # %% ../../nbs/32_torch_fidelity.ipynb #3d7ba9f0
-if DIGITS_EXTRACTOR not in torch_fidelity.registry.FEATURE_EXTRACTORS_REGISTRY:
-    torch_fidelity.register_feature_extractor(DIGITS_EXTRACTOR, DigitsFeatureExtractor)
+class MnistFeatureExtractor(DigitsFeatureExtractor):
+    """`DigitsFeatureExtractor` on the MNIST judge (`ClassifierConfig.mnist()`, trained on the
+    4,000 training digits of `course_lib.data.mnist`), registered as 'course-mnist': the same
+    features, `'128'` `(B, 128)` and `'logits_unbiased'` `(B, 10)`, float64."""
+    def __init__(self, name, features_list, classifier=None, **kwargs):
+        from course_lib.ddpm.classifier import ClassifierConfig, load_digits_classifier
+        judge = classifier or load_digits_classifier("cpu", ClassifierConfig.mnist())
+        super().__init__(name, features_list, judge, **kwargs)
+
+for _name, _cls in [(DIGITS_EXTRACTOR, DigitsFeatureExtractor),
+                    (MNIST_EXTRACTOR, MnistFeatureExtractor)]:
+    if _name not in torch_fidelity.registry.FEATURE_EXTRACTORS_REGISTRY:
+        torch_fidelity.register_feature_extractor(_name, _cls)
 
 # %% ../../nbs/32_torch_fidelity.ipynb #7ad7b7f4
 def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid",),
@@ -80,11 +93,12 @@ def evaluate(generated, reference="digits-train", metrics: Iterable[str] = ("fid
     """FID / IS / KID / precision-recall of `generated` against `reference` with torch-fidelity.
 
     `generated`, `reference`: any source `as_uint8_images` accepts (folder, tensor, `Dataset`,
-    sampling function with `num_samples`, or 'digits-train' / 'digits-valid' / 'digits-all', a named
-    reference is loaded at the generated images' size, so both sides go through the same resizing).
-    `metrics`: any of 'fid', 'isc' (on `generated` only), 'kid', 'prc'. `extractor`: 'digits' (the
-    course's classifier, offline) or 'inception' (torch-fidelity's Inception-v3, needs its weights
-    file, see `inception_weights_path`). A `kid_subset_size` above the smaller sample count is
+    sampling function with `num_samples`, or a name from `REFERENCES`: 'digits-train', ...,
+    'mnist-test', a named reference is loaded at the generated images' size, so both sides go
+    through the same resizing). `metrics`: any of 'fid', 'isc' (on `generated` only), 'kid',
+    'prc'. `extractor`: 'digits' (the course's 8x8-digits judge, offline), 'mnist' (its MNIST
+    judge, offline) or 'inception' (torch-fidelity's Inception-v3, needs its weights file, see
+    `inception_weights_path`). A `kid_subset_size` above the smaller sample count is
     clamped with a warning (as `kid` does). Returns a dict with 'fid', 'is_mean', 'is_std',
     'kid_mean', 'kid_std', 'precision', 'recall', 'f_score' (those requested) and 'n_generated',
     'n_reference', 'extractor'. FID/KID are in squared feature units. Raises `ValueError` for
@@ -115,8 +129,8 @@ _EXTRACTOR_CACHE: dict = {}
 def get_extractor(extractor: str = "digits", weights_path=None, features=("128", "logits_unbiased"),
                   device=None):
     """A ready feature extractor module (torch-fidelity's class, eval mode, on `device`), cached per
-    settings. `extractor`: 'digits' (features '128', 'logits_unbiased') or 'inception' (e.g. '2048',
-    'logits_unbiased')."""
+    settings. `extractor`: 'digits' or 'mnist' (features '128', 'logits_unbiased') or 'inception'
+    (e.g. '2048', 'logits_unbiased')."""
     name, fe_kwargs = resolve_extractor(extractor, weights_path)
     if extractor == "inception" and tuple(features) == ("128", "logits_unbiased"):
         features = ("2048", "logits_unbiased")
@@ -149,12 +163,13 @@ def extract_features(source, extractor: str = "digits", weights_path=None, batch
 # %% ../../nbs/32_torch_fidelity.ipynb #2d64df92
 def reference_statistics(reference: str = "digits-train", extractor: str = "digits",
                          weights_path=None, size: int | None = None, refresh: bool = False) -> dict:
-    """FID statistics of a named reference (`'digits-train'`, `'digits-valid'`, `'digits-all'`) or a
-    folder, cached as .npz under `cache_dir('metrics')` (`reference_stats_path`: keyed by the
+    """FID statistics of a named reference (`REFERENCES`: `'digits-train'`, ..., `'mnist-test'`)
+    or a folder, cached as .npz under `cache_dir('metrics')` (`reference_stats_path`: keyed by the
     reference, a folder by its files, the extractor and its weights' fingerprint, so retraining the
     classifier invalidates the cache). `size`: load/resize the images to `size` x `size` first
-    (named references default to 16). A damaged cache file is measured again, with a warning naming
-    it. Returns `load_statistics`'s dict `{'mu', 'sigma', 'n', 'extractor'}`."""
+    (named references default to their own size: 16 for the digits, 28 for MNIST). A damaged
+    cache file is measured again, with a warning naming it. Returns `load_statistics`'s dict
+    `{'mu', 'sigma', 'n', 'extractor'}`."""
     def compute():
         f = extract_features(reference, extractor, weights_path, size=size)["features"]
         return (*feature_statistics(f, str(reference)), len(f))

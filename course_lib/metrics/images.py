@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 DIGITS_FEATURE_SIZE = 16
-REFERENCES = ("digits-train", "digits-valid", "digits-all")
+MNIST_SIZE = 28
+REFERENCES = ("digits-train", "digits-valid", "digits-all", "mnist-train", "mnist-valid",
+              "mnist-test")
 
 def reference_name(source) -> str | None:
     """The reference set (one of `REFERENCES`) that `source` names, or None: 'digits-valid', or
@@ -30,8 +32,13 @@ def reference_name(source) -> str | None:
                          f"the reference set")
     return s
 
+def reference_size(name: str) -> int:
+    "The size a reference set of `REFERENCES` loads at by default: 28 for MNIST, 16 for the digits."
+    return MNIST_SIZE if reference_name(name).startswith("mnist") else DIGITS_FEATURE_SIZE
+
 # %% auto #0
-__all__ = ['DIGITS_FEATURE_SIZE', 'REFERENCES', 'reference_name', 'as_uint8_images', 'Digits_uint8', 'UInt8Images']
+__all__ = ['DIGITS_FEATURE_SIZE', 'MNIST_SIZE', 'REFERENCES', 'reference_name', 'reference_size', 'as_uint8_images',
+           'Digits_uint8', 'MNIST_uint8', 'UInt8Images']
 
 # %% ../../nbs/34_metric_images.ipynb #e4882206
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
@@ -160,9 +167,11 @@ def _load_folder(folder: Path, size: int | None) -> torch.Tensor:
 
 # %% ../../nbs/34_metric_images.ipynb #d3e2d9a5
 def _from_path(source, size: int | None) -> torch.Tensor:
-    "A reference name ('digits-train', ...) or a folder of images -> uint8 `(N, 3, H, W)`."
+    "A reference name ('digits-train', 'mnist-test', ...) or a folder -> uint8 `(N, 3, H, W)`."
     if (name := reference_name(source)) is not None:
-        return Digits_uint8(name.split("-", 1)[1], size or DIGITS_FEATURE_SIZE)
+        data, split = name.split("-", 1)
+        loader = MNIST_uint8 if data == "mnist" else Digits_uint8
+        return loader(split, size or reference_size(name))
     folder = Path(source)
     if not folder.exists():
         raise ValueError(f"image folder {folder} does not exist (and is not one of {REFERENCES})")
@@ -217,8 +226,9 @@ def as_uint8_images(source, num_samples: int | None = None, size: int | None = N
     - a folder (str/Path) of png/jpg/webp/bmp/tif images (all the same size, unless `size` is
       given), float TIFFs in [0, 1] scaled to [0, 255];
     - a reference name: 'digits-train', 'digits-valid' or 'digits-all' (the course's real digits, at
-      `size`, default 16), or 'ref:digits-train' etc. beside a folder of that name
-      (`reference_name`);
+      `size`, default 16), 'mnist-train', 'mnist-valid' or 'mnist-test' (the 28x28 MNIST digits of
+      `course_lib.data.mnist`, at `size`, default 28), or 'ref:digits-train' etc. beside a folder of
+      that name (`reference_name`);
     - a tensor or array `(N, C, H, W)`, `(N, H, W, C)` or `(N, H, W)`: uint8 or other integers
       (pixel values in [0, 255]), or float in [-1, 1] (detected by negative values) or [0, 1]
       (`value_range` forces one), 1 channel repeated to 3;
@@ -261,6 +271,14 @@ def Digits_uint8(split: str = "train", size: int = DIGITS_FEATURE_SIZE) -> torch
     from course_lib.data.images import Digits, DIGITS_SIZES
     if size in DIGITS_SIZES: return Digits(split, size=size, channels=3, dtype="uint8").images
     return _resize_uint8(Digits(split, size=8, channels=3, dtype="uint8").images, size)
+
+def MNIST_uint8(split: str = "test", size: int = MNIST_SIZE) -> torch.Tensor:
+    """The embedded 28x28 MNIST digits (`course_lib.data.mnist.MNIST`: 'train' 4,000, 'valid' and
+    'test' 500 each) as uint8 `(N, 3, size, size)`, resized as `Digits_uint8` resizes for a size
+    other than 28 or 32."""
+    from course_lib.data.mnist import MNIST, MNIST_SIZES
+    if size in MNIST_SIZES: return MNIST(split, size=size, channels=3, dtype="uint8").images
+    return _resize_uint8(MNIST(split, channels=3, dtype="uint8").images, size)
 
 class UInt8Images(Dataset):
     """A `Dataset` over a uint8 `(N, 3, H, W)` tensor, one image per item: the input torch-fidelity

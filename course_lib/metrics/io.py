@@ -18,19 +18,20 @@ from .checks import FewSamplesWarning
 from .images import as_uint8_images, reference_name
 
 # %% auto #0
-__all__ = ['DIGITS_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL', 'EXTRACTORS',
-           'COURSE_INCEPTION_EXTRACTOR', 'METRIC_NAMES', 'FIDELITY_KEYS', 'inception_weights_path', 'CourseInceptionV3',
-           'resolve_extractor', 'extractor_fingerprint', 'check_uint8_batch', 'metric_list', 'metric_images',
-           'check_image_counts', 'reference_cache_args', 'kid_fid_settings', 'fidelity_results', 'save_statistics',
-           'load_statistics', 'reference_stats_path', 'cached_statistics']
+__all__ = ['DIGITS_EXTRACTOR', 'MNIST_EXTRACTOR', 'INCEPTION_EXTRACTOR', 'INCEPTION_WEIGHTS_ENV', 'INCEPTION_WEIGHTS_URL',
+           'EXTRACTORS', 'COURSE_INCEPTION_EXTRACTOR', 'METRIC_NAMES', 'FIDELITY_KEYS', 'inception_weights_path',
+           'CourseInceptionV3', 'resolve_extractor', 'extractor_fingerprint', 'check_uint8_batch', 'metric_list',
+           'metric_images', 'check_image_counts', 'reference_cache_args', 'kid_fid_settings', 'fidelity_results',
+           'save_statistics', 'load_statistics', 'reference_stats_path', 'cached_statistics']
 
 # %% ../../nbs/36_metrics_io.ipynb #76403527
 DIGITS_EXTRACTOR = "course-digits"
+MNIST_EXTRACTOR = "course-mnist"
 INCEPTION_EXTRACTOR = "inception-v3-compat"
 INCEPTION_WEIGHTS_ENV = "COURSE_LIB_INCEPTION_WEIGHTS"
 INCEPTION_WEIGHTS_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
                          "weights-inception-2015-12-05-6726825d.pth")
-EXTRACTORS = ("digits", "inception")
+EXTRACTORS = ("digits", "mnist", "inception")
 
 def inception_weights_path(path: str | os.PathLike | None = None) -> Path:
     """The Inception-v3 weights file torch-fidelity uses: `path`, else
@@ -93,21 +94,25 @@ if COURSE_INCEPTION_EXTRACTOR not in torch_fidelity.registry.FEATURE_EXTRACTORS_
 # %% ../../nbs/36_metrics_io.ipynb #532d7577
 def resolve_extractor(extractor: str, weights_path=None) -> tuple[str, dict]:
     """torch-fidelity's `(feature_extractor name, extra keyword arguments)` for `extractor`
-    ('digits' or 'inception', the latter with its weights file). `ValueError` for another name."""
+    ('digits', 'mnist' or 'inception', the latter with its weights file). `ValueError` for another
+    name."""
     if extractor not in EXTRACTORS:
         raise ValueError(f"extractor={extractor!r} is not one of {EXTRACTORS}")
     if extractor == "digits": return DIGITS_EXTRACTOR, {}
+    if extractor == "mnist": return MNIST_EXTRACTOR, {}
     return COURSE_INCEPTION_EXTRACTOR, {
         "feature_extractor_weights_path": str(inception_weights_path(weights_path))
     }
 
 def extractor_fingerprint(extractor: str, weights: Path | None = None) -> str:
-    """12 hex digits naming the weights of `extractor`: the SHA-256 of the digits classifier's
-    tensors (`load_digits_classifier()`), or of the Inception weights file's name and size."""
-    if extractor == "digits":
-        from course_lib.ddpm.classifier import load_digits_classifier
+    """12 hex digits naming the weights of `extractor`: the SHA-256 of the judge's tensors
+    (`load_digits_classifier()`, with `ClassifierConfig.mnist()` for 'mnist'), or of the Inception
+    weights file's name and size."""
+    if extractor in ("digits", "mnist"):
+        from course_lib.ddpm.classifier import ClassifierConfig, load_digits_classifier
+        judge = ClassifierConfig.mnist() if extractor == "mnist" else None
         h = hashlib.sha256()
-        for k, v in load_digits_classifier(device="cpu").state_dict().items():
+        for k, v in load_digits_classifier("cpu", judge).state_dict().items():
             h.update(k.encode())
             h.update(v.detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()[:12]
@@ -179,7 +184,7 @@ def kid_fid_settings(metrics, gen, ref, extractor: str, kid_subsets: int,
             kid_subset_size = m
         kw.update(kid_subsets=kid_subsets, kid_subset_size=kid_subset_size)
     if "fid" in metrics and ref is not None:
-        dim = 128 if extractor == "digits" else 2048
+        dim = 2048 if extractor == "inception" else 128
         if min(len(gen), len(ref)) < dim:
             warnings.warn(
                 f"{min(len(gen), len(ref))} samples for {dim} feature dimensions: the covariance is"
