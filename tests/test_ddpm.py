@@ -275,3 +275,18 @@ def test_quick_model_beats_untrained():
     b = judge_samples(sample(untrained, make_scheduler("dpm++", cfg), 128, 20, generator=g())[0])
     assert a["confident_rate"] > b["confident_rate"] + 0.1, (a, b)
     assert max(a["class_shares"]) < max(b["class_shares"]) or max(a["class_shares"]) < 0.3
+
+
+def test_grey_share_counts_pixels_strictly_between_10_and_90_percent_ink():
+    "Lesson 13's grey share, on images whose share is known; uint8 and float images of the same pixels agree."
+    from course_lib.ddpm import grey_share
+    u8 = torch.zeros(4, 1, 10, 10, dtype=torch.uint8)
+    u8[1] = 255                                    # all stroke: 0
+    u8[2] = 128                                    # all mid-grey: 1
+    u8[3, 0, :3] = 128                             # 30 of 100 pixels grey, the rest background: 0.3
+    u8[3, 0, 3:5] = 255
+    torch.testing.assert_close(grey_share(u8), torch.tensor([0.0, 0.0, 1.0, 0.3], dtype=torch.float64))
+    torch.testing.assert_close(grey_share(u8.float() / 127.5 - 1), grey_share(u8))
+    # the grey levels either side of 10% (25.5) and 90% (229.5) of 255: only 26 and 229 are grey
+    assert grey_share(torch.tensor([25, 26, 229, 230], dtype=torch.uint8).view(1, 1, 2, 2)).item() == 0.5
+    assert grey_share(torch.zeros(2, 3, 4, 4)).shape == (2,)   # RGB: every channel's pixels counted

@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse, json, math, sys, time
 from pathlib import Path
 
+from course_lib.ddpm.sampling import grey_share   # lesson 13's sharpness measure
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -86,15 +88,6 @@ def c2st(x, real, folds: int = 4, epochs: int = 40, seed: int = 0) -> tuple[floa
         with torch.no_grad(): right += int((net(X[test]).argmax(1) == y[test]).sum())
     acc = right / len(y)
     return acc, math.sqrt(acc * (1 - acc) / len(y))
-
-
-def grey_share(x):
-    """The share of each image's pixels that are neither background nor stroke: ink between 10% and 90% (`(n,)`
-    float64 of images `x` in [-1, 1] or uint8). Real MNIST strokes are sharp, with a thin anti-aliased rim; a sampler
-    that stops while its images are still the average of many digits leaves blurred, grey strokes."""
-    import torch
-    ink = x.double() / 255 if x.dtype == torch.uint8 else (x.double() + 1) / 2
-    return ((ink > 0.1) & (ink < 0.9)).flatten(1).double().mean(1)
 
 
 def judged(x, judge, ref, real=None, grey_ref: float | None = None) -> dict:

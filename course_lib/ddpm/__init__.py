@@ -11,7 +11,7 @@ __all__ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_tim
            'judge_samples', 'ClassifierConfig', 'JUDGE_DATA', 'judge_data', 'train_digits_classifier',
            'load_digits_classifier', 'BETA_SCHEDULES', 'make_betas', 'NoiseSchedule', 'diffusion_target',
            'diffusion_loss', 'SPACINGS', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample',
-           'DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda', 'CheckpointMismatch',
+           'grey_share', 'DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda', 'CheckpointMismatch',
            'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached',
            'estimate_training_seconds', 'SAMPLERS', 'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix',
            'make_scheduler', 'sampler_table', 'format_table', 'SOLVERS', 'solve', 'energy_distance_unbiased',
@@ -48,8 +48,9 @@ _all_ = ['BETA_SCHEDULES', 'make_betas', 'NoiseSchedule', 'diffusion_target', 'd
 
 # %% ../../nbs/17z_ddpm_api.ipynb #600c764d
 from .sampling import (
-    SPACINGS, timestep_grid, StepOutput, AncestralSampler, randn_on, sample)
-_all_ = ['SPACINGS', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample']
+    SPACINGS, timestep_grid, StepOutput, AncestralSampler, randn_on, sample, grey_share)
+_all_ = ['SPACINGS', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample',
+         'grey_share']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #1b5d1c8f
 from .training import (

@@ -20,7 +20,7 @@ from .schedule import NoiseSchedule
 from ..core.basics import patch_to
 
 # %% auto #0
-__all__ = ['SPACINGS', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample']
+__all__ = ['SPACINGS', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample', 'grey_share']
 
 # %% ../../nbs/13_sampling.ipynb #473e81a1
 SPACINGS = ("leading", "trailing", "linspace")
@@ -188,3 +188,13 @@ def sample(model: nn.Module, scheduler, n: int, num_inference_steps: int = 50,
     model.train(was)
     check_finite_samples(xs, num_inference_steps, scheduler)
     return to_uint8(xs), xs
+
+# %% ../../nbs/13_sampling.ipynb #54714259
+def grey_share(x: torch.Tensor) -> torch.Tensor:
+    """The share of each image's pixels that are neither background nor stroke, ink between 10% and
+    90%: `x` `(n, C, H, W)` uint8 in [0, 255] or float in [-1, 1] -> `(n,)` float64 in [0, 1].
+    Real MNIST strokes are sharp, with a thin anti-aliased rim. A sampler that stops while its
+    images are still an average of many digits leaves blurred, grey strokes. A course measure
+    (lesson 13), not a published one."""
+    ink = x.double() / 255 if x.dtype == torch.uint8 else (x.double() + 1) / 2
+    return ((ink > 0.1) & (ink < 0.9)).flatten(1).double().mean(1)

@@ -71,8 +71,8 @@ def key(self, data=None) -> str:
     default dataset, keyed as MNIST's training split at 28x28; the digits' keep None): the
     fields that change the weights, the data's fingerprint and `code_version`."""
     from course_lib.core.cache import cache_key
-    from course_lib.ddpm.training import default_dataset   # lesson 15, beside the trainer
-    if data is None and self.image_size == 28: data = default_dataset(self)
+    from course_lib.ddpm import training   # its default_dataset: lesson 15, beside the trainer
+    if data is None and self.image_size == 28: data = training.default_dataset(self)
     skip = ("checkpoint_every", "mixed_precision")
     d = {k: v for k, v in asdict(self).items() if k not in skip}
     return cache_key("ddpm", d, data, code_version=self.code_version)
