@@ -20,9 +20,8 @@ from .images import (
 # the plumbing around torch-fidelity: library notebook 36_metrics_io
 from .io import (
     DIGITS_EXTRACTOR, MNIST_EXTRACTOR, resolve_extractor, check_uint8_batch, metric_list,
-    metric_images,
-    check_image_counts, reference_cache_args, kid_fid_settings, fidelity_results, load_statistics,
-    reference_stats_path, cached_statistics)
+    metric_images, check_image_counts, reference_cache_args, kid_fid_settings, fidelity_results,
+    load_statistics, reference_stats_path, cached_statistics)
 
 # %% auto #0
 __all__ = ['DigitsFeatureExtractor', 'MnistFeatureExtractor', 'evaluate', 'get_extractor', 'extract_features',
