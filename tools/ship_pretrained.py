@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn", "flow-quick",
-          "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm", "classifier-mnist")
+          "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm", "classifier-mnist",
+          "unet-pair")
 GPT2 = dict(max_mb_per_subset=4.0, vocab_size=4096, n_positions=256, n_embd=128, n_layer=4, steps=1800,
             batch_size=12, lr=5e-3, seed=0)               # nbs/62_tiny_gpt2.ipynb's full profile
 
@@ -46,6 +47,14 @@ def train(kind: str) -> list[dict]:
         return [dict(path=path, config=cfg.to_dict(), call="load_pretrained_ddpm(DDPMConfig.mnist(), "
                      "dataset=MNIST('train', size=28))", data="MNIST('train', size=28)",
                      figures={"final_loss": sum(m.history["loss"][-50:]) / 50, "train_seconds": m.history["seconds"]})]
+    if kind == "unet-pair":              # nbs/10a_unet.ipynb's full profile: TinyUNet and UNet2DModel on MNIST
+        from course_lib.ddpm.unet import UNetPairConfig, load_unet_pair
+        cfg = UNetPairConfig()
+        _, h = load_unet_pair(cfg, progress=True)
+        figures = {**{f"loss_last50_{k}": sum(v[-50:]) / 50 for k, v in h["losses"].items()},
+                   **{f"train_seconds_{k}": s for k, s in h["seconds"].items()}}
+        return [dict(path=cfg.path(), config=asdict(cfg), call="load_unet_pair(UNetPairConfig())",
+                     data="MNIST('train', size=28)", figures=figures)]
     if kind in ("ddpm", "base", "ddpm-quick", "base-quick"):      # the lessons' models and the quick profile's
         from course_lib.ddpm import DDPMConfig, load_pretrained_ddpm
         from course_lib.lora import base_config
@@ -154,6 +163,10 @@ def cache_path(kind: str, config: dict) -> str:
         from course_lib.data.mnist import MNIST
         from course_lib.ddpm import DDPMConfig
         return f"models/ddpm/{DDPMConfig.from_dict(config).key(MNIST('train', size=28))}/ema.safetensors"
+    if kind == "unet-pair":
+        from course_lib.ddpm.unet import UNetPairConfig
+        cfg = UNetPairConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+        return f"models/unet_pair/{cfg.path().name}"
     if kind == "vision":
         key = cache_key("vision_source", {k: v for k, v in config.items() if k != "v"}, code_version=config["v"])
         return f"vision/{config['model']}-source-{key}.safetensors"
@@ -185,7 +198,8 @@ TRAINERS = {**dict.fromkeys(("classifier", "classifier-mnist"), JUDGE_TRAINER),
             **dict.fromkeys(("ddpm", "base", "ddpm-quick", "base-quick", "ddpm-mnist", "guided"), DDPM_TRAINER),
             "flow": FLOW_TRAINER, "flow-quick": FLOW_TRAINER, "flux": FLUX_TRAINER, "flux-quick": FLUX_TRAINER,
             "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"),
-            "clean-lm": ("course_lib.pile.experiment", "clean_experiment_model"), "ncsn": ("course_lib.score.ncsn", "train_ncsn")}
+            "clean-lm": ("course_lib.pile.experiment", "clean_experiment_model"), "ncsn": ("course_lib.score.ncsn", "train_ncsn"),
+            "unet-pair": ("course_lib.ddpm.unet", "train_eps")}
 
 
 def trainer_fingerprint(kind: str) -> str | None:
