@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import course_lib.ddpm.classifier, course_lib.ddpm.training, course_lib.score.ncsn, course_lib.pile.lm, course_lib.vision.transfer
+import course_lib.ddpm.classifier, course_lib.ddpm.training, course_lib.ddpm.pretrained, course_lib.ddpm.unet, course_lib.score.ncsn, course_lib.pile.lm, course_lib.vision.transfer
 import course_lib.ddpm.schedulers, course_lib.lora.train   # imported before a test patches a trainer (they bind its names)
 import course_lib.flux.flow, course_lib.flux.mini, course_lib.flux.flow_training, course_lib.flux.train
 import course_lib.pile.experiment
@@ -26,12 +26,13 @@ def sha256(p: Path) -> str:
 def test_every_lesson_model_ships():
     assert KINDS == {"classifier", "ddpm", "base", "vision", "gpt2", "ddpm-quick", "base-quick", "ncsn",
                      "flow-quick", "flux-quick", "ddpm-mnist", "guided", "flow", "flux", "clean-lm",
-                     "classifier-mnist"}, KINDS
+                     "classifier-mnist", "unet-pair"}, KINDS
     # the package stays small enough for a wheel (PyPI's limit is 100 MB): measured 36.5 MB for the ten models,
     # 40.4 MB with unit 7's quick flow model and FLUX-mini (which lessons 71-73 trained in CI, three minutes under
     # the device probe), 43.2 MB with the MNIST DDPM (2.8 MB; 96 minutes of training on 2 shared CPU cores), and
     # 55.0 MB with unit 7's full-profile models (the course's full profile within its hour), 69.1 MB with lesson
-    # 62a's six language models (14 MB in float16; about 16 minutes each on one CPU core)
+    # 62a's six language models (14 MB in float16; about 16 minutes each on one CPU core), 71.2 MB with lesson 10a's
+    # MNIST pair (two UNets of about 260,000 parameters in float32, and their loss curves)
     assert 0 < PROV["total_bytes"] < 75e6
 
 
@@ -52,7 +53,8 @@ def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("COURSE_LIB_NO_PRETRAINED", raising=False)
     def no_training(*a, **kw): raise AssertionError("trained instead of loading the shipped model")
-    for mod, name in [(course_lib.ddpm.training, "train_ddpm"), (course_lib.ddpm.classifier, "train_digits_classifier"),
+    for mod, name in [(course_lib.ddpm.training, "train_ddpm"), (course_lib.ddpm.pretrained, "train_ddpm"),
+                      (course_lib.ddpm.pretrained, "train_eps"), (course_lib.ddpm.classifier, "train_digits_classifier"),
                       (course_lib.vision.transfer, "finetune"), (course_lib.pile.lm, "train_tiny_gpt2"),
                       (course_lib.score.ncsn, "train_ncsn"), (course_lib.flux.flow_training, "train_flow"),
                       (course_lib.flux.train, "train_flux_mini"), (course_lib.pile.experiment, "train_tiny_gpt2")]:
@@ -95,6 +97,13 @@ def test_loaders_take_the_shipped_models_on_an_empty_cache(empty_cache):
     assert DDPMConfig.mnist().key() == DDPMConfig.mnist().key(MNIST("train")) and ddpm_is_cached(DDPMConfig.mnist())
     same = load_pretrained_ddpm(DDPMConfig.mnist(), progress=False)
     assert all(torch.equal(a, b) for a, b in zip(same.state_dict().values(), mnist.state_dict().values()))
+    from course_lib.ddpm import UNetPairConfig, load_unet_pair                              # lesson 10a, full
+    pair = [m for m in PROV["models"].values() if m["kind"] == "unet-pair"][0]
+    models, history = load_unet_pair(UNetPairConfig())
+    assert {len(v) for v in history["losses"].values()} == {UNetPairConfig().steps}
+    for k, losses in history["losses"].items():
+        assert sum(losses[-50:]) / 50 == pytest.approx(pair["figures"][f"loss_last50_{k}"])
+        assert models[k].config.sample_size == 28 and not models[k].training
     for cfg in (FluxMiniConfig.quick(), FluxMiniConfig()):                                   # lessons 72, 73
         pipe = load_flux_mini(cfg, progress=False)
         assert pipe.flux_config.steps == cfg.steps and pipe.history["flow_loss"]
@@ -143,7 +152,7 @@ def test_estimate_training_seconds_scales_with_the_steps(monkeypatch):
     calls = []
     class Fake:
         def __init__(self, cfg): self.history = {"seconds": 0.5 * cfg.steps}
-    monkeypatch.setattr(course_lib.ddpm.training, "train_ddpm", lambda cfg, *a, **kw: calls.append(cfg) or Fake(cfg))
+    monkeypatch.setattr(course_lib.ddpm.pretrained, "train_ddpm", lambda cfg, *a, **kw: calls.append(cfg) or Fake(cfg))
     assert estimate_training_seconds(DDPMConfig(steps=1500), n_steps=4) == pytest.approx(750.0)
     assert calls[0].steps == 4 and calls[0].block_out_channels == DDPMConfig().block_out_channels
 

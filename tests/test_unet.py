@@ -153,3 +153,67 @@ def test_an_image_size_the_down_path_cannot_halve_is_named():
 def test_class_labels_are_refused():
     with pytest.raises(ValueError, match="not class-conditional"):
         TinyUNet()(torch.randn(1, 1, 8, 8), 3, class_labels=torch.tensor([1]))
+
+
+# --- lesson 10a's comparison run: the training loop against diffusers, the cache ----------------------------------
+
+def test_train_eps_first_loss_is_l_simple_with_diffusers_noising():
+    """The first loss `train_eps` reports is L_simple on x_t made by diffusers' `DDPMScheduler.add_noise` from the
+    same draws (the generator's batch indices, timesteps and noise, in the loop's order), to 1e-5."""
+    import copy
+    from diffusers import DDPMScheduler
+    from course_lib.ddpm import UNetPairConfig, train_eps
+    pair = UNetPairConfig(data="digits")
+    model = pair.models()["TinyUNet"]
+    x_train = pair.dataset().images
+    before = copy.deepcopy(model).eval()
+    losses = train_eps(model, x_train, pair.ddpm_config().schedule(), 2, batch_size=8, seed=3, progress=False)
+    gen = torch.Generator().manual_seed(3)
+    x0 = x_train[torch.randint(len(x_train), (8,), generator=gen)]
+    t = torch.randint(0, 1000, (8,), generator=gen)
+    eps = torch.randn(x0.shape, generator=gen)
+    xt = DDPMScheduler(num_train_timesteps=1000, beta_schedule="linear").add_noise(x0, eps, t)
+    with torch.no_grad():
+        want = F.mse_loss(before.train()(xt, t).sample, eps).item()
+    assert len(losses) == 2 and abs(losses[0] - want) < 1e-5, (losses[0], want)
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters()))
+
+
+def test_train_eps_gives_two_models_the_same_batches():
+    "Same arguments, same initial weights: the same losses, step by step; another seed, other batches."
+    from course_lib.ddpm import UNetPairConfig, train_eps
+    pair = UNetPairConfig(data="digits")
+    x, sched = pair.dataset().images, pair.ddpm_config().schedule()
+    run = [train_eps(pair.models()["UNet2DModel"], x, sched, 3, 8, seed=s, progress=False) for s in (0, 0, 1)]
+    assert run[0] == run[1] and run[0] != run[2]
+
+
+def test_unet_pair_configs_are_checked_and_keyed_apart(monkeypatch, tmp_path):
+    from course_lib.ddpm import UNetPairConfig
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="data='cifar'"):
+        UNetPairConfig(data="cifar")
+    paths = {UNetPairConfig().path(), UNetPairConfig(data="digits").path(), UNetPairConfig(steps=10).path(),
+             UNetPairConfig(seed=1).path(), UNetPairConfig(tiny_widths=(16, 32, 48)).path()}
+    assert len(paths) == 5
+    sizes = {k: sum(p.numel() for p in m.parameters()) for k, m in UNetPairConfig().models().items()}
+    assert abs(sizes["TinyUNet"] / sizes["UNet2DModel"] - 1) < 0.05, sizes
+
+
+def test_load_unet_pair_trains_once_then_loads(monkeypatch, tmp_path):
+    "A miss trains both and caches them; the next call loads the same weights and history without training."
+    import course_lib.ddpm.pretrained as pretrained
+    from course_lib.ddpm import UNetPairConfig, load_unet_pair
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
+    monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
+    cfg = UNetPairConfig(data="digits", steps=3, batch_size=8)
+    first, h1 = load_unet_pair(cfg)
+    assert cfg.path().is_file() and {len(v) for v in h1["losses"].values()} == {3}
+
+    def no_training(*a, **k): raise AssertionError("trained on a cache hit")
+    monkeypatch.setattr(pretrained, "train_eps", no_training)
+    second, h2 = load_unet_pair(cfg)
+    assert h2 == h1 and not second["TinyUNet"].training
+    for k in first:
+        for a, b in zip(first[k].state_dict().values(), second[k].state_dict().values()):
+            assert torch.equal(a, b)

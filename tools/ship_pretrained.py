@@ -48,7 +48,7 @@ def train(kind: str) -> list[dict]:
                      "dataset=MNIST('train', size=28))", data="MNIST('train', size=28)",
                      figures={"final_loss": sum(m.history["loss"][-50:]) / 50, "train_seconds": m.history["seconds"]})]
     if kind == "unet-pair":              # nbs/10a_unet.ipynb's full profile: TinyUNet and UNet2DModel on MNIST
-        from course_lib.ddpm.unet import UNetPairConfig, load_unet_pair
+        from course_lib.ddpm import UNetPairConfig, load_unet_pair
         cfg = UNetPairConfig()
         _, h = load_unet_pair(cfg, progress=True)
         figures = {**{f"loss_last50_{k}": sum(v[-50:]) / 50 for k, v in h["losses"].items()},
@@ -164,7 +164,7 @@ def cache_path(kind: str, config: dict) -> str:
         from course_lib.ddpm import DDPMConfig
         return f"models/ddpm/{DDPMConfig.from_dict(config).key(MNIST('train', size=28))}/ema.safetensors"
     if kind == "unet-pair":
-        from course_lib.ddpm.unet import UNetPairConfig
+        from course_lib.ddpm import UNetPairConfig
         cfg = UNetPairConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
         return f"models/unet_pair/{cfg.path().name}"
     if kind == "vision":

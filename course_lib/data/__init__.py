@@ -6,7 +6,7 @@
 __all__ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', 'TEST_SPLITS', 'digits_arrays', 'resize_uint8',
            'split_indices', 'Digits', 'to_float', 'to_uint8', 'FolderReport', 'convert_image', 'open_image',
            'scan_image_folder', 'split_folders', 'ImageFolder', 'load_torchvision', 'load_mnist', 'load_fashion_mnist',
-           'load_cifar10', 'MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays',
+           'load_cifar10', 'MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZE', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays',
            'mnist_split_indices', 'MNIST', 'image_grid', 'show_images', 'save_image_grid', 'Animation', 'animate',
            'save_animation', 'slider']
 
@@ -24,8 +24,9 @@ _all_ = ['DIGITS_SIZES', 'IMAGE_EXTENSIONS', 'TRAIN_SPLITS', 'VALID_SPLITS', 'TE
 
 # %% ../../nbs/02z_data_api.ipynb #2b78ad06
 from .mnist import (
-    MNIST_FILE, MNIST_SHA256, MNIST_SIZES, MNIST_SPLITS, mnist_arrays, mnist_split_indices, MNIST)
-_all_ = ['MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays',
+    MNIST_FILE, MNIST_SHA256, MNIST_SIZE, MNIST_SIZES, MNIST_SPLITS, mnist_arrays,
+    mnist_split_indices, MNIST)
+_all_ = ['MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZE', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays',
          'mnist_split_indices', 'MNIST']
 
 # %% ../../nbs/02z_data_api.ipynb #5845a164

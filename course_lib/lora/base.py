@@ -15,7 +15,8 @@ import torch.nn as nn
 from torch.utils.data import Sampler
 
 from ..data.images import Digits, IMAGE_EXTENSIONS, sidecar_clashes
-from ..ddpm.training import DDPMConfig, load_pretrained_ddpm
+from ..ddpm.pretrained import load_pretrained_ddpm
+from ..ddpm.training import DDPMConfig
 from ..ddpm.schedulers import make_scheduler
 from ..ddpm.sampling import sample
 
@@ -45,7 +46,7 @@ def base_config(steps: int = 1000, **kw) -> DDPMConfig:
 
 def load_base(config: DDPMConfig | None = None, device=None, progress: bool = True) -> nn.Module:
     """The base `UNet2DModel` for `config` (default `base_config()`), from the course cache or
-    trained there (`course_lib.ddpm.training.load_pretrained_ddpm`). `model.ddpm_config` holds
+    trained there (`course_lib.ddpm.pretrained.load_pretrained_ddpm`). `model.ddpm_config` holds
     the config."""
     return load_pretrained_ddpm(config or base_config(), device=device, progress=progress)
 

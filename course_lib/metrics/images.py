@@ -11,9 +11,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
+from ..data.mnist import MNIST_SIZE
 
 DIGITS_FEATURE_SIZE = 16
-MNIST_SIZE = 28
 REFERENCES = ("digits-train", "digits-valid", "digits-all", "mnist-train", "mnist-valid",
               "mnist-test")
 
@@ -37,8 +37,8 @@ def reference_size(name: str) -> int:
     return MNIST_SIZE if reference_name(name).startswith("mnist") else DIGITS_FEATURE_SIZE
 
 # %% auto #0
-__all__ = ['DIGITS_FEATURE_SIZE', 'MNIST_SIZE', 'REFERENCES', 'reference_name', 'reference_size', 'as_uint8_images',
-           'Digits_uint8', 'MNIST_uint8', 'UInt8Images']
+__all__ = ['DIGITS_FEATURE_SIZE', 'REFERENCES', 'reference_name', 'reference_size', 'as_uint8_images', 'Digits_uint8',
+           'MNIST_uint8', 'UInt8Images']
 
 # %% ../../nbs/34_metric_images.ipynb #e4882206
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
