@@ -6,12 +6,17 @@
 __all__ = ['PAIR_DATA', 'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds', 'UNetPairConfig', 'load_unet_pair']
 
 # %% ../../nbs/15_training_runs.ipynb #f09e3bd6
-import json
-from dataclasses import replace
+import json, time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 import torch
 from torch import nn
 from ..core.basics import cache_dir, get_device, load_checkpoint, save_checkpoint
+from ..core.cache import cache_key, cached, code_fingerprint
+from ..data.images import Digits
+from ..data.mnist import MNIST, MNIST_SIZE
 from .training import DDPMConfig, checkpoint_path, make_unet, train_ddpm
+from .unet import TinyUNet, train_eps
 
 
 # %% ../../nbs/15_training_runs.ipynb #8aa13366
@@ -66,16 +71,6 @@ def estimate_training_seconds(config: DDPMConfig | None = None, n_steps: int = 3
     cfg = (config or DDPMConfig()).validate()
     short = replace(cfg, steps=n_steps, checkpoint_every=n_steps)
     return train_ddpm(short, dataset, progress=False).history["seconds"] / n_steps * cfg.steps
-
-
-# %% ../../nbs/15_training_runs.ipynb #9391fe01
-import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from ..core.cache import cache_key, cached, code_fingerprint
-from ..data.images import Digits
-from ..data.mnist import MNIST, MNIST_SIZE
-from .unet import TinyUNet, train_eps
 
 
 # %% ../../nbs/15_training_runs.ipynb #f734d508
