@@ -188,11 +188,24 @@ def test_train_eps_gives_two_models_the_same_batches():
     assert run[0] == run[1] and run[0] != run[2]
 
 
-def test_unet_pair_configs_are_checked_and_keyed_apart(monkeypatch, tmp_path):
+@pytest.mark.parametrize("kw,match", [
+    (dict(data="cifar"), "data='cifar'"), (dict(data="MNIST"), "data='MNIST'"),
+    (dict(steps=0), "steps must be an int >= 1, got 0"), (dict(steps=2.5), "steps .* got 2.5"),
+    (dict(batch_size=True), "batch_size .* got True"), (dict(lr=0), "lr must be a number > 0, got 0"),
+    (dict(lr="big"), "lr .* got 'big'"), (dict(widths=(16, 30, 32)), r"widths=\(16, 30, 32\).*\[30\]"),
+    (dict(widths=(16, 32, 32, 32)), r"widths=.*image_size=28"), (dict(widths=()), "widths=\(\)"),
+    (dict(tiny_widths=(16, 32, 44)), r"tiny_widths=\(16, 32, 44\).*\[44\]")])
+def test_unet_pair_config_names_what_it_cannot_train(kw, match):
+    "Each field `load_unet_pair` could not train with is refused at construction, named with its value."
+    from course_lib.ddpm import UNetPairConfig
+    with pytest.raises(ValueError, match=match):
+        UNetPairConfig(**kw)
+
+
+def test_unet_pair_configs_are_keyed_apart(monkeypatch, tmp_path):
     from course_lib.ddpm import UNetPairConfig
     monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
-    with pytest.raises(ValueError, match="data='cifar'"):
-        UNetPairConfig(data="cifar")
+    assert UNetPairConfig(widths=[16, 32, 32]).path() == UNetPairConfig().path()     # a list from JSON: same key
     paths = {UNetPairConfig().path(), UNetPairConfig(data="digits").path(), UNetPairConfig(steps=10).path(),
              UNetPairConfig(seed=1).path(), UNetPairConfig(tiny_widths=(16, 32, 48)).path()}
     assert len(paths) == 5

@@ -13,11 +13,11 @@ __all__ = ['PREDICTION_TYPES', 'MIXED_PRECISION', 'check_beta_range', 'check_tim
            'diffusion_loss', 'SPACINGS', 'timestep_grid', 'StepOutput', 'AncestralSampler', 'randn_on', 'sample',
            'grey_share', 'DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda', 'CheckpointMismatch',
            'checkpoint_path', 'read_checkpoint', 'train_ddpm', 'load_pretrained_ddpm', 'ddpm_is_cached',
-           'estimate_training_seconds', 'PAIR_DATA', 'UNetPairConfig', 'load_unet_pair', 'SAMPLERS',
-           'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table', 'format_table',
-           'SOLVERS', 'solve', 'energy_distance_unbiased', 'x0_and_eps', 'ddim_step', 'ddim_sample', 'dpmpp_2m_sample',
-           'vp_sigmas', 'sigma_to_t', 't_to_sigma', 'karras_sigmas', 'vp_denoiser', 'heun_sample', 'ExactMixture',
-           'timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet', 'train_eps']
+           'estimate_training_seconds', 'PAIR_DATA', 'UNetPairConfig', 'check_pair_config', 'load_unet_pair',
+           'SAMPLERS', 'diffusers_scheduler', 'ExactGrid', 'DDIMVarianceFix', 'make_scheduler', 'sampler_table',
+           'format_table', 'SOLVERS', 'solve', 'energy_distance_unbiased', 'x0_and_eps', 'ddim_step', 'ddim_sample',
+           'dpmpp_2m_sample', 'vp_sigmas', 'sigma_to_t', 't_to_sigma', 'karras_sigmas', 'vp_denoiser', 'heun_sample',
+           'ExactMixture', 'timestep_embedding', 'ResBlock', 'SelfAttention', 'UNetOutput', 'TinyUNet', 'train_eps']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #4b5697e4
 from .checks import (
@@ -60,11 +60,11 @@ _all_ = ['DDPMConfig', 'make_unet', 'ema_update', 'default_dataset', 'lr_lambda'
          'CheckpointMismatch', 'checkpoint_path', 'read_checkpoint', 'train_ddpm']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #bd7a2ae8
-from course_lib.ddpm.pretrained import (
+from .pretrained import (
     load_pretrained_ddpm, ddpm_is_cached, estimate_training_seconds, PAIR_DATA, UNetPairConfig,
-    load_unet_pair)
+    check_pair_config, load_unet_pair)
 _all_ = ['load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds', 'PAIR_DATA',
-         'UNetPairConfig', 'load_unet_pair']
+         'UNetPairConfig', 'check_pair_config', 'load_unet_pair']
 
 # %% ../../nbs/17z_ddpm_api.ipynb #92b107e4
 from .schedulers import (
