@@ -191,10 +191,16 @@ def test_train_eps_gives_two_models_the_same_batches():
 @pytest.mark.parametrize("kw,match", [
     (dict(data="cifar"), "data='cifar'"), (dict(data="MNIST"), "data='MNIST'"),
     (dict(steps=0), "steps must be an int >= 1, got 0"), (dict(steps=2.5), "steps .* got 2.5"),
-    (dict(batch_size=True), "batch_size .* got True"), (dict(lr=0), "lr must be a number > 0, got 0"),
+    (dict(batch_size=True), "batch_size .* got True"), (dict(lr=0), "lr must be a finite number > 0, got 0"),
     (dict(lr="big"), "lr .* got 'big'"), (dict(widths=(16, 30, 32)), r"widths=\(16, 30, 32\).*\[30\]"),
     (dict(widths=(16, 32, 32, 32)), r"widths=.*image_size=28"), (dict(widths=()), "widths=\(\)"),
-    (dict(tiny_widths=(16, 32, 44)), r"tiny_widths=\(16, 32, 44\).*\[44\]")])
+    (dict(tiny_widths=(16, 32, 44)), r"tiny_widths=\(16, 32, 44\).*\[44\]"),
+    # a new user's inputs that passed the first version of the check and failed later, or trained NaNs
+    (dict(tiny_widths=(0,)), r"tiny_widths must be a tuple of ints >= 1"), (dict(widths=(16, 32, -32)), "widths"),
+    (dict(widths=(16.0, 32, 32)), "widths must be"), (dict(tiny_widths=(16, 32, 40.0)), "tiny_widths must be"),
+    (dict(widths="abc"), "widths must be"), (dict(lr=float("inf")), "lr must be a finite number"),
+    (dict(seed="a"), "seed must be an int >= 0, got 'a'"), (dict(seed=None), "seed .* got None"),
+    (dict(seed=1.5), "seed .* got 1.5"), (dict(code_version="x"), "code_version .* got 'x'")])
 def test_unet_pair_config_names_what_it_cannot_train(kw, match):
     "Each field `load_unet_pair` could not train with is refused at construction, named with its value."
     from course_lib.ddpm import UNetPairConfig
@@ -230,3 +236,52 @@ def test_load_unet_pair_trains_once_then_loads(monkeypatch, tmp_path):
     for k in first:
         for a, b in zip(first[k].state_dict().values(), second[k].state_dict().values()):
             assert torch.equal(a, b)
+
+
+def test_a_list_of_widths_is_stored_as_a_tuple():
+    "A config read from JSON (lists) is hashable, and keys as the tuple does (above)."
+    from course_lib.ddpm import UNetPairConfig
+    c = UNetPairConfig(widths=[16, 32, 32], tiny_widths=[16, 32, 40])
+    assert c == UNetPairConfig() and hash(c) == hash(UNetPairConfig())
+
+
+def test_load_unet_pair_trains_the_networks_it_is_given(monkeypatch, tmp_path):
+    """Lesson 10a passes the TinyUNet its reader wrote: that class is trained and returned; networks of other
+    widths are refused before any training, naming the network."""
+    from course_lib.ddpm import TinyUNet, UNetPairConfig, load_unet_pair
+    monkeypatch.setenv("COURSE_LIB_HOME", str(tmp_path))
+    monkeypatch.setenv("COURSE_LIB_NO_PRETRAINED", "1")
+
+    class MyTinyUNet(TinyUNet):
+        pass
+    cfg = UNetPairConfig(data="digits", steps=2, batch_size=4)
+    models, _ = load_unet_pair(cfg, models=cfg.models(MyTinyUNet))
+    assert type(models["TinyUNet"]) is MyTinyUNet
+    wider = UNetPairConfig(data="digits", steps=2, batch_size=4, tiny_widths=(16, 32, 48)).models()
+    with pytest.raises(ValueError, match=r"models\['TinyUNet'\] has other parameters"):
+        load_unet_pair(cfg, models=wider)
+    with pytest.raises(ValueError, match="keys 'TinyUNet' and 'UNet2DModel'"):
+        load_unet_pair(cfg, models={"TinyUNet": models["TinyUNet"]})
+
+
+def test_lesson_10as_tiny_unet_in_a_kernel_has_the_modules_fingerprint():
+    """Lesson 10a's export cells define TinyUNet in the kernel and hand that class to `load_unet_pair`, which
+    records its code with `train_eps`'s: the same code must give the module's fingerprint, or the shipped pair
+    would warn that its code changed on every full-profile run."""
+    import json
+    from pathlib import Path
+    execnb = pytest.importorskip("execnb.shell")
+    import course_lib.ddpm.unet as U
+    from course_lib.core import code_fingerprint
+    nb = json.loads((Path(__file__).resolve().parent.parent / "nbs" / "10a_unet.ipynb").read_text())
+    sh = execnb.CaptureShell()
+    for c in nb["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] == "code" and src.startswith("#| export"):
+            sh.run(src)
+            assert sh.exc is None, sh.exc
+    show = ("from course_lib.core.cache import code_fingerprint\nimport course_lib.ddpm.unet as U\n"
+            "print(TinyUNet.__module__, TinyUNet is U.TinyUNet, code_fingerprint(U.train_eps, TinyUNet))")
+    module, same_class, fp = "".join(sh.run(show)[0]["text"]).split()
+    assert (module, same_class) == ("__main__", "False")
+    assert fp == code_fingerprint(U.train_eps, U.TinyUNet)

@@ -199,7 +199,7 @@ TRAINERS = {**dict.fromkeys(("classifier", "classifier-mnist"), JUDGE_TRAINER),
             "flow": FLOW_TRAINER, "flow-quick": FLOW_TRAINER, "flux": FLUX_TRAINER, "flux-quick": FLUX_TRAINER,
             "gpt2": ("course_lib.pile.lm", "train_tiny_gpt2"),
             "clean-lm": ("course_lib.pile.experiment", "clean_experiment_model"), "ncsn": ("course_lib.score.ncsn", "train_ncsn"),
-            "unet-pair": ("course_lib.ddpm.unet", "train_eps")}
+            "unet-pair": ("course_lib.ddpm.unet", ("train_eps", "TinyUNet"))}
 
 
 def trainer_fingerprint(kind: str) -> str | None:
@@ -207,8 +207,9 @@ def trainer_fingerprint(kind: str) -> str | None:
     import importlib
     from course_lib.core import code_fingerprint
     if kind not in TRAINERS: return None
-    mod, name = TRAINERS[kind]
-    return code_fingerprint(getattr(importlib.import_module(mod), name))
+    mod, names = TRAINERS[kind]            # a name, or the names whose code the loader records together
+    names = (names,) if isinstance(names, str) else names
+    return code_fingerprint(*(getattr(importlib.import_module(mod), n) for n in names))
 
 
 def restamp(dest: Path, prov: dict) -> None:

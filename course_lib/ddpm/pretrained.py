@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['PAIR_DATA', 'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_training_seconds', 'UNetPairConfig',
-           'check_pair_config', 'load_unet_pair']
+           'check_pair_config', 'check_pair_models', 'load_unet_pair']
 
 # %% ../../nbs/15_training_runs.ipynb #f09e3bd6
 import json, time
@@ -17,6 +17,7 @@ from ..core.cache import cache_key, cached, code_fingerprint
 from ..data.images import Digits
 from ..data.mnist import MNIST, MNIST_SIZE
 from .training import DDPMConfig, checkpoint_path, make_unet, train_ddpm
+import math
 from .checks import check_unet_sizes
 from .unet import TinyUNet, train_eps
 
@@ -95,7 +96,10 @@ class UNetPairConfig:
     seed: int = 0
     code_version: int = 1
 
-    def __post_init__(self): check_pair_config(self)
+    def __post_init__(self):
+        for k in ("widths", "tiny_widths"):        # a list (JSON's) as a tuple: hashable, same key
+            if isinstance(w := getattr(self, k), list): object.__setattr__(self, k, tuple(w))
+        check_pair_config(self)
 
     @property
     def image_size(self) -> int: return MNIST_SIZE if self.data == "mnist" else 8
@@ -104,16 +108,21 @@ class UNetPairConfig:
 # %% ../../nbs/15_training_runs.ipynb #0f62b782
 def check_pair_config(c: UNetPairConfig) -> None:
     """Raise `ValueError` naming the field of `c` and its value when `load_unet_pair` could not
-    train it: an unknown `data`, `steps` or `batch_size` not an int >= 1, `lr` not a number > 0,
-    `widths` or `tiny_widths` that GroupNorm cannot split or the image size cannot halve."""
+    train it: an unknown `data`, `steps`, `batch_size` or a width not an int >= 1, `seed` or
+    `code_version` not an int >= 0, `lr` not a finite number > 0, `widths` or `tiny_widths` that
+    GroupNorm cannot split or the image size cannot halve."""
+    def is_int(v, low): return isinstance(v, int) and not isinstance(v, bool) and v >= low
     if c.data not in PAIR_DATA:
         raise ValueError(f"data={c.data!r} is not one of {PAIR_DATA}")
-    for k in ("steps", "batch_size"):
-        v = getattr(c, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
-    if isinstance(c.lr, bool) or not isinstance(c.lr, (int, float)) or not c.lr > 0:
-        raise ValueError(f"lr must be a number > 0, got {c.lr!r}")
+    for k, low in (("steps", 1), ("batch_size", 1), ("seed", 0), ("code_version", 0)):
+        if not is_int(getattr(c, k), low):
+            raise ValueError(f"{k} must be an int >= {low}, got {getattr(c, k)!r}")
+    if not (isinstance(c.lr, (int, float)) and not isinstance(c.lr, bool) and 0 < c.lr < math.inf):
+        raise ValueError(f"lr must be a finite number > 0, got {c.lr!r}")
+    for k in ("widths", "tiny_widths"):
+        w = getattr(c, k)
+        if not isinstance(w, tuple) or not all(is_int(v, 1) for v in w):
+            raise ValueError(f"{k} must be a tuple of ints >= 1 (one per level), got {w!r}")
     try: cfg = c.ddpm_config().validate()          # the UNet2DModel's widths at the image size
     except ValueError as e: raise ValueError(f"widths={c.widths!r}: {e}") from None
     try: check_unet_sizes(cfg.image_size, tuple(c.tiny_widths), cfg.norm_num_groups)
@@ -136,11 +145,13 @@ def ddpm_config(self) -> DDPMConfig:
                             prediction_type="epsilon")
 
 @patch_to(UNetPairConfig)
-def models(self) -> dict[str, nn.Module]:
-    "The two networks at their initialisation, each built after `torch.manual_seed(seed)`."
+def models(self, tiny_unet: type = TinyUNet) -> dict[str, nn.Module]:
+    """The two networks at their initialisation, each built after `torch.manual_seed(seed)`:
+    `tiny_unet` (a class with `TinyUNet`'s arguments: lesson 10a passes the one its reader wrote)
+    and the `UNet2DModel` of `ddpm_config()`."""
     cfg = self.ddpm_config()
     torch.manual_seed(self.seed)
-    tiny = TinyUNet(cfg.image_size, cfg.channels, self.tiny_widths, cfg.norm_num_groups)
+    tiny = tiny_unet(cfg.image_size, cfg.channels, self.tiny_widths, cfg.norm_num_groups)
     torch.manual_seed(self.seed)
     return {"TinyUNet": tiny, "UNet2DModel": make_unet(cfg)}
 
@@ -152,19 +163,42 @@ def path(self) -> Path:
     return cache_dir("models", "unet_pair") / f"{key}.safetensors"
 
 
+# %% ../../nbs/15_training_runs.ipynb #8bfec771
+def check_pair_models(models: dict[str, nn.Module], config: UNetPairConfig) -> None:
+    """Raise `ValueError` unless `models` holds 'TinyUNet' and 'UNet2DModel' with the parameter
+    names and shapes `config.models(type(models['TinyUNet']))` gives: networks of other widths
+    would be trained and cached under a key that does not describe them. The global RNG is left as
+    it was."""
+    if set(models) != {"TinyUNet", "UNet2DModel"}:
+        raise ValueError(f"models must have the keys 'TinyUNet' and 'UNet2DModel', got "
+                         f"{sorted(models)}")
+    with torch.random.fork_rng(devices=[]):
+        want = config.models(type(models["TinyUNet"]))
+    def shapes(m): return {n: tuple(p.shape) for n, p in m.state_dict().items()}
+    for k, m in models.items():
+        if shapes(m) != shapes(want[k]):
+            raise ValueError(f"models[{k!r}] has other parameters than {config} describes: build "
+                             "the pair with config.models(), or give the config its widths")
+
+
 # %% ../../nbs/15_training_runs.ipynb #cc0ac43d
 def load_unet_pair(config: UNetPairConfig | None = None, progress: bool = False,
-                   retrain: bool = False, device=None) -> tuple[dict[str, nn.Module], dict]:
+                   retrain: bool = False, device=None,
+                   models: dict[str, nn.Module] | None = None) -> tuple[dict[str, nn.Module], dict]:
     """Lesson 10a's two UNets trained as `config` says (default `UNetPairConfig()`: MNIST, shipped
     with the package), loaded from `config.path()`, else each trained by `train_eps` on the same
-    batches on `get_device(device)` and cached (safetensors, file-locked). `retrain=True` trains
-    again, and a `StaleCacheWarning` on a hit says when the training code changed. Returns
-    `({'TinyUNet': ..., 'UNet2DModel': ...}, history)`, the models in eval mode on the device, the
-    history `{'losses': {name: [each step's loss]}, 'seconds': {name: training seconds}}`."""
+    batches on `get_device(device)` and cached (safetensors, file-locked). `models`: the two
+    networks to train or load into (default `config.models()`), checked against `config`'s. The
+    record names the code of `train_eps` and of the TinyUNet class, so a `StaleCacheWarning` on a
+    hit says when either changed (`retrain=True` trains again). Returns `({'TinyUNet': ...,
+    'UNet2DModel': ...}, history)`, the models in eval mode on the device, the history
+    `{'losses': {name: [each step's loss]}, 'seconds': {name: training seconds}}`. Raises
+    `ValueError` naming a network whose parameters differ from `config`'s."""
     config = config or UNetPairConfig()
-    path, dev, models = config.path(), get_device(device), config.models()
-    code, how = code_fingerprint(train_eps), "load_unet_pair(config, retrain=True)"
-    with cached(path, path.stem, code, retrain, how) as hit:
+    path, dev, models = config.path(), get_device(device), models or config.models()
+    check_pair_models(models, config)
+    code = code_fingerprint(train_eps, type(models["TinyUNet"]))
+    with cached(path, path.stem, code, retrain, "load_unet_pair(config, retrain=True)") as hit:
         if not hit:
             x, schedule = config.dataset().images, config.ddpm_config().schedule()
             losses, seconds = {}, {}
@@ -179,7 +213,11 @@ def load_unet_pair(config: UNetPairConfig | None = None, progress: bool = False,
                                           "seconds": json.dumps(seconds)})
     if hit:
         state, meta = load_checkpoint(path)
-        for k, m in models.items(): m.load_state_dict(state[k])
+        try:
+            for k, m in models.items(): m.load_state_dict(state[k])
+        except RuntimeError as e:
+            raise ValueError(f"{path} holds another {k}'s weights ({str(e)[:200]}): train yours "
+                             "with load_unet_pair(config, models=models, retrain=True)") from None
         losses = {k: v.tolist() for k, v in state["losses"].items()}
         seconds = json.loads(meta["seconds"])
     return {k: m.to(dev).eval() for k, m in models.items()}, {"losses": losses, "seconds": seconds}
