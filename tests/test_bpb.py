@@ -203,18 +203,24 @@ def test_two_processes_same_totals(tiny, tmp_path):
         torch.distributed.destroy_process_group()  # and gloo is shut down before the interpreter is
     """))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    # --standalone: torchrun's own rendezvous on a port it picks (no port chosen here and raced for); one retry when
-    # the failure is the network's (a port taken, a rendezvous timeout), never when the script itself fails
+    # --standalone: torchrun's own rendezvous on a port it picks (no port chosen here and raced for). Up to two
+    # retries when the failure is the transport's, never when the script raises: a port taken, a rendezvous timeout,
+    # or a rank killed by SIGABRT inside gloo (seen in 2 of some 30 runs in the floors' venv, CI's and a fresh
+    # clone's, never reproduced here; the aborting rank's own lines are kept and shown if every attempt fails)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    for attempt in range(2):
+    errors = []
+    for attempt in range(3):
+        (tmp_path / "out.json").unlink(missing_ok=True)
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        transient = re.search(r"EADDRINUSE|[Aa]ddress already in use|[Rr]endezvous.*(timed out|timeout)|Connection reset",
-                              r.stdout + r.stderr)
-        if r.returncode == 0 or not transient: break
-    # torchrun's summary of a failed rank fills the end of its output; the ranks' own errors come first
-    errors = [l for l in (r.stdout + r.stderr).splitlines()
-              if re.search(r"Error|Exception|terminate called|what\(\)|Traceback|Signal \d+", l)]
-    assert r.returncode == 0, "\n".join(errors[:40]) + "\n...\n" + r.stderr[-2000:]
+        # torchrun's summary of a failed rank fills the end of its output; the ranks' own errors come first
+        errors += [f"attempt {attempt + 1}: {l}" for l in (r.stdout + r.stderr).splitlines()
+                   if re.search(r"Error|Exception|terminate called|what\(\)|Traceback|Signal \d+", l)]
+        transient = re.search(r"EADDRINUSE|[Aa]ddress already in use|[Rr]endezvous.*(timed out|timeout)|Connection reset"
+                              r"|Signal 6 \(SIGABRT\)", r.stdout + r.stderr)
+        script_failed = re.search(r"exitcode\s*:\s*1\b", r.stdout + r.stderr)   # a rank raised: no retry
+        if r.returncode == 0 or not transient or script_failed:
+            break
+    assert r.returncode == 0, "\n".join(errors[:60]) + "\n...\n" + r.stderr[-2000:]
     out = json.loads((tmp_path / "out.json").read_text())
     one = bpb(model, tok, DOCS, window=WINDOW)
     assert out["world"] == 2 and out["docs"] == one.overall.docs == len(DOCS)
