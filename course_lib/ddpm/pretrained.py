@@ -7,18 +7,17 @@ __all__ = ['PAIR_DATA', 'load_pretrained_ddpm', 'ddpm_is_cached', 'estimate_trai
            'check_pair_config', 'check_pair_models', 'load_unet_pair']
 
 # %% ../../nbs/15_training_runs.ipynb #f09e3bd6
-import json, time
+import json, math, time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 import torch
 from torch import nn
 from ..core.basics import cache_dir, get_device, load_checkpoint, save_checkpoint
-from ..core.cache import cache_key, cached, code_fingerprint
+from ..core.cache import cache_key, cached, code_fingerprint, is_cached
 from ..data.images import Digits
 from ..data.mnist import MNIST, MNIST_SIZE
-from .training import DDPMConfig, checkpoint_path, make_unet, train_ddpm
-import math
 from .checks import check_unet_sizes
+from .training import DDPMConfig, checkpoint_path, make_unet, train_ddpm
 from .unet import TinyUNet, train_eps
 
 
@@ -34,7 +33,6 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
     `default_dataset(config)`) and cached. `model.history` holds the training loss curve and time,
     `model.ddpm_config` the config. Guarded by a `filelock.FileLock`."""
     cfg = (config or DDPMConfig()).validate()
-    from course_lib.core.cache import cached, code_fingerprint
     key, code = cfg.key(dataset), code_fingerprint(train_ddpm)
     final = cache_dir("models", "ddpm", key) / "ema.safetensors"
     with cached(final, key, code, retrain, "load_pretrained_ddpm(config, retrain=True)") as hit:
@@ -62,7 +60,6 @@ def load_pretrained_ddpm(config: DDPMConfig | None = None, device=None, dataset=
 def ddpm_is_cached(config: DDPMConfig | None = None, dataset=None) -> bool:
     """True when `load_pretrained_ddpm(config, dataset=dataset)` loads the model (from the course
     cache, or the copy shipped with the package) instead of training it."""
-    from course_lib.core.cache import is_cached
     key = (config or DDPMConfig()).validate().key(dataset)
     return is_cached(cache_dir("models", "ddpm", key, create=False) / "ema.safetensors")
 
